@@ -1,0 +1,17 @@
+"""Attention variants, one module per family, all behind one interface (see :mod:`.base`)."""
+
+from .base import (
+    Attention,
+    AttentionResult,
+    available_attention,
+    build_attention,
+    register_attention,
+)
+
+__all__ = [
+    "Attention",
+    "AttentionResult",
+    "available_attention",
+    "build_attention",
+    "register_attention",
+]

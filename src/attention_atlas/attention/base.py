@@ -1,0 +1,293 @@
+"""The shared interface of every attention variant, and the registry.
+
+Every variant is an :class:`Attention` module with the same call::
+
+    result = attn(x, causal=True, mask=None, need_weights=False)
+    result.out          # (B, L, D) the layer output (after the output projection)
+    result.probs        # (B, H, L, L) attention probabilities, or None
+    result.diagnostics  # dict of scalar tensors (counts of non-finite logits, ...)
+
+A subclass implements :meth:`Attention.attend`, which works on per-head queries,
+keys and values ``(B, H, L, d_head)`` and may also read the hidden states ``x``
+they come from (a Riemannian metric or an SSM decay is computed from ``x``).
+Functional forms of each variant (for example :func:`attention_atlas.attention.dot.sdpa`)
+take ``q, k, v`` directly, so the same maths is usable without a module.
+
+``build_attention(name, **config)`` builds any registered variant by name; an unknown
+name or an option the variant does not take is a :class:`ValueError` that lists what exists.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "Attention",
+    "AttentionResult",
+    "available_attention",
+    "build_attention",
+    "check_qkv",
+    "combine_masks",
+    "count_nonfinite",
+    "register_attention",
+]
+
+
+@dataclass
+class AttentionResult:
+    """What every attention call returns.
+
+    Attributes:
+        out: ``(B, L, D)`` for a module call, ``(B, H, L, d_v)`` from :meth:`Attention.attend`.
+        probs: ``(B, H, L, L)`` attention probabilities when asked for (``need_weights=True``),
+            else ``None``.
+        diagnostics: scalar tensors keyed by name, for example ``"nonfinite_logits"`` (count of
+            logits that are NaN or +inf among the unmasked entries; present whenever the logits
+            were materialised) and ``"nonfinite_out"`` (count of non-finite outputs, always present).
+        extras: tensors a variant wants to expose to its caller (a metric factor, a decay, ...).
+    """
+
+    out: Tensor
+    probs: Tensor | None = None
+    diagnostics: dict[str, Tensor] = field(default_factory=dict)
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+
+def count_nonfinite(t: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Number of NaN or infinite entries of ``t`` (only where ``valid`` is True, if given).
+
+    Masked logits are ``-inf`` on purpose; pass ``valid`` to exclude them.
+    """
+    bad = ~torch.isfinite(t.detach())
+    if valid is not None:
+        bad = bad & valid
+    return bad.sum()
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_dim: bool = True) -> None:
+    """Validate per-head inputs ``q (..., Lq, d)``, ``k (..., Lk, d)``, ``v (..., Lk, d_v)``.
+
+    Raises ``ValueError`` naming the expected and received shapes or dtypes.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., L, d), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if same_dim and q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must share their last dimension: q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same length (dim -2): k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(
+            "q, k, v must share their batch dimensions (...): "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def combine_masks(
+    lq: int, lk: int, *, causal: bool, mask: Tensor | None, device: torch.device
+) -> Tensor | None:
+    """Boolean mask ``(..., Lq, Lk)``, True where a query may attend to a key, or None.
+
+    ``mask`` is boolean (True = keep) and broadcastable to ``(B, H, Lq, Lk)``.
+    """
+    keep: Tensor | None = None
+    if causal:
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=lk - lq)
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
+        if mask.shape[-2:] != (lq, lk):
+            raise ValueError(
+                f"mask must end in (Lq, Lk) = ({lq}, {lk}), got shape {tuple(mask.shape)}"
+            )
+        keep = mask if keep is None else (keep & mask)
+    return keep
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a pluggable score: the base of every variant.
+
+    The module owns the query/key/value/output projections and the head split; a subclass
+    implements :meth:`attend` on per-head tensors.
+
+    Args:
+        dim: model width D.
+        n_heads: number of heads H.
+        head_dim: per-head width d (default ``dim // n_heads``).
+        bias: bias in the projections.
+        dropout: dropout on the output projection.
+    """
+
+    #: registry name, set by :func:`register_attention`
+    name: str = "base"
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        bias: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or n_heads <= 0:
+            raise ValueError(f"dim and n_heads must be positive, got dim={dim}, n_heads={n_heads}")
+        if head_dim is None:
+            if dim % n_heads:
+                raise ValueError(
+                    f"dim={dim} is not divisible by n_heads={n_heads}; pass head_dim explicitly"
+                )
+            head_dim = dim // n_heads
+        self.dim, self.n_heads, self.head_dim = dim, n_heads, head_dim
+        inner = n_heads * head_dim
+        self.qkv = nn.Linear(dim, 3 * inner, bias=bias)
+        self.proj = nn.Linear(inner, dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    # -- to override -----------------------------------------------------------------
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        x: Tensor,
+        causal: bool,
+        mask: Tensor | None,
+        need_weights: bool,
+    ) -> AttentionResult:
+        """Per-head attention. ``q, k, v (B, H, L, d)``, ``x (B, L, D)``; returns ``out (B, H, L, d)``."""
+        raise NotImplementedError
+
+    def metric_parameters(self) -> list[nn.Parameter]:
+        """Parameters a variant adds to define its geometry (none for dot-product attention)."""
+        return []
+
+    # -- shared ----------------------------------------------------------------------
+    def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x (B, L, D)`` -> ``q, k, v`` each ``(B, H, L, d)``."""
+        b, l, _ = x.shape
+        qkv = self.qkv(x).view(b, l, 3, self.n_heads, self.head_dim)  # (B, L, 3, H, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, L, d)
+        return q, k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        causal: bool = False,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionResult:
+        """``x (B, L, D)`` -> :class:`AttentionResult` with ``out (B, L, D)``."""
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected x of shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        q, k, v = self.split_heads(x)
+        res = self.attend(q, k, v, x=x, causal=causal, mask=mask, need_weights=need_weights)
+        b, h, l, dv = res.out.shape
+        out = res.out.transpose(1, 2).reshape(b, l, h * dv)  # (B, L, H*d)
+        res.out = self.dropout(self.proj(out))
+        res.diagnostics.setdefault("nonfinite_out", count_nonfinite(res.out))
+        return res
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, n_heads={self.n_heads}, head_dim={self.head_dim}"
+
+
+_REGISTRY: dict[str, type[Attention]] = {}
+A = TypeVar("A", bound=type[Attention])
+
+
+def register_attention(name: str) -> Callable[[A], A]:
+    """Class decorator: make a variant buildable by ``build_attention(name, ...)``."""
+
+    def deco(cls: A) -> A:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"attention variant {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def available_attention() -> list[str]:
+    """Names of every registered variant, sorted."""
+    _import_all()
+    return sorted(_REGISTRY)
+
+
+def _options(cls: type[Attention]) -> dict[str, inspect.Parameter]:
+    """All keyword options of a variant's constructor (following ``**kwargs`` up the MRO)."""
+    opts: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        if klass is nn.Module or not issubclass(klass, Attention):
+            continue
+        sig = inspect.signature(klass.__init__)
+        params = [p for p in sig.parameters.values() if p.name != "self"]
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                opts.setdefault(p.name, p)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return opts
+
+
+def build_attention(name: str, **config: Any) -> Attention:
+    """Build a registered attention variant.
+
+    Args:
+        name: registry name (see :func:`available_attention`).
+        **config: constructor options of that variant (``dim`` and ``n_heads`` always).
+
+    Raises:
+        ValueError: unknown name (the message lists the registered ones) or an option the
+            variant does not take (the message lists the options it does take).
+    """
+    _import_all()
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown attention variant {name!r}; registered: {', '.join(sorted(_REGISTRY))}"
+        )
+    cls = _REGISTRY[name]
+    opts = _options(cls)
+    unknown = sorted(set(config) - set(opts))
+    if unknown:
+        raise ValueError(
+            f"attention variant {name!r} does not take option(s) {unknown}; "
+            f"it takes: {', '.join(sorted(opts))}"
+        )
+    missing = [
+        n for n, p in opts.items() if p.default is inspect.Parameter.empty and n not in config
+    ]
+    if missing:
+        raise ValueError(f"attention variant {name!r} needs option(s) {missing}")
+    return cls(**config)
+
+
+def _import_all() -> None:
+    """Import every module that registers variants (the registry fills on import)."""
+    import importlib
+
+    for mod in ("dot", "metric", "riemannian", "sma"):
+        try:
+            importlib.import_module(f"attention_atlas.attention.{mod}")
+        except ModuleNotFoundError as err:  # a family not written yet
+            if err.name != f"attention_atlas.attention.{mod}":
+                raise
