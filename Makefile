@@ -1,15 +1,17 @@
 # Attention Atlas: `make book` builds the book, `make test` runs every check.
-# Both create (or update) the project virtual environment .venv from requirements.lock.
+# Both create (or update) the project virtual environment .venv from requirements.lock, and
+# fetch the book's pinned JavaScript (npm, sha256-checked) into book/_static/vendor/.
 
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+VENDOR_STAMP := book/_static/vendor/VERSIONS.json
 export ATTENTION_ATLAS_DATA ?= $(abspath ../shared/data)
 export PYTHONHASHSEED := 0
 
-.PHONY: venv test lint typecheck book lab clean
+.PHONY: venv vendor test lint typecheck pytest book lab smoke clean
 
 venv: $(STAMP)
 
@@ -20,16 +22,42 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+# MathJax, require.js and the widget HTML manager, exact versions, sha256-checked (see README)
+vendor: $(VENDOR_STAMP)
+
+$(VENDOR_STAMP): book/_ext/vendor_js.py | $(STAMP)
+	$(BIN)/python book/_ext/vendor_js.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check src tests notebooks benchmarks
-	$(BIN)/ruff format --check src tests notebooks benchmarks
+	$(BIN)/ruff check src tests notebooks benchmarks book/_ext
+	$(BIN)/ruff format --check src tests notebooks benchmarks book/_ext
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+# unit tests, a smoke run of every chapter, the book built from them, the browser test
+pytest: $(STAMP) $(VENDOR_STAMP)
 	$(BIN)/python -m pytest
 
+test: lint typecheck pytest
+
+# every chapter executed with its book parameters (jupyter-cache: unchanged chapters are not
+# re-run), then the HTML; any failed cell or Sphinx warning fails the build
+book: $(STAMP) $(VENDOR_STAMP)
+	ATTENTION_ATLAS_HEADLESS=1 $(BIN)/jupyter-book build . -W --keep-going
+	@echo "The book: file://$(abspath _build/html/index.html)"
+
+# smoke-run every chapter (or NAME=00_attention_zoo) into _build/executed/smoke/
+smoke: $(STAMP)
+	$(BIN)/python -m attention_atlas notebooks run --smoke -j 2 $(NAME)
+
+# JupyterLab: the .py chapters open as notebooks (jupytext), widgets are live
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+lab: $(STAMP)
+	mkdir -p $(dir $(LAB_OVERRIDES))
+	test -f $(LAB_OVERRIDES) || echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $(LAB_OVERRIDES)
+	$(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
 clean:
-	rm -rf $(VENV) _build .jupyter_cache artifacts .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) _build .jupyter_cache artifacts .pytest_cache .mypy_cache .ruff_cache book/_static/vendor
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -60,9 +60,9 @@ class AttentionResult:
 
 
 def count_nonfinite(t: Tensor, valid: Tensor | None = None) -> Tensor:
-    """Number of NaN or infinite entries of ``t`` (only where ``valid`` is True, if given).
+    """Number of NaN or infinite (either sign) entries of ``t`` (only where ``valid`` is True).
 
-    Masked logits are ``-inf`` on purpose; pass ``valid`` to exclude them.
+    Masked logits are ``-inf`` on purpose; pass ``valid`` (True = unmasked) to exclude them.
     """
     bad = ~torch.isfinite(t.detach())
     if valid is not None:
@@ -104,7 +104,8 @@ def combine_masks(
 ) -> Tensor | None:
     """Boolean mask ``(..., Lq, Lk)``, True where a query may attend to a key, or None.
 
-    ``mask`` is boolean (True = keep) and broadcastable to ``(B, H, Lq, Lk)``.
+    ``mask`` is boolean (True = keep) and broadcastable to ``(B, H, Lq, Lk)``: its last two
+    dimensions are ``(Lq, Lk)``, or 1 where it broadcasts (a key-padding mask ``(B, 1, 1, Lk)``).
     """
     keep: Tensor | None = None
     if causal:
@@ -112,9 +113,10 @@ def combine_masks(
     if mask is not None:
         if mask.dtype != torch.bool:
             raise ValueError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
-        if mask.shape[-2:] != (lq, lk):
+        if mask.dim() < 2 or mask.shape[-2] not in (1, lq) or mask.shape[-1] not in (1, lk):
             raise ValueError(
-                f"mask must end in (Lq, Lk) = ({lq}, {lk}), got shape {tuple(mask.shape)}"
+                f"mask must end in (Lq, Lk) = ({lq}, {lk}) (or 1 where it broadcasts), "
+                f"got shape {tuple(mask.shape)}"
             )
         keep = mask if keep is None else (keep & mask)
     return keep
@@ -285,7 +287,7 @@ def _import_all() -> None:
     """Import every module that registers variants (the registry fills on import)."""
     import importlib
 
-    for mod in ("dot", "metric", "riemannian", "sma"):
+    for mod in ("dot", "metric", "riemannian", "sma", "mixed"):
         try:
             importlib.import_module(f"attention_atlas.attention.{mod}")
         except ModuleNotFoundError as err:  # a family not written yet

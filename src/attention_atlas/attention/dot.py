@@ -28,13 +28,15 @@ __all__ = ["DotProductAttention", "explicit_attention", "masked_softmax", "sdpa"
 def masked_softmax(logits: Tensor, keep: Tensor | None) -> Tensor:
     """Softmax over the last dim with entries where ``keep`` is False removed.
 
-    A row with no kept entry gives zeros (not NaN).
+    A row with no kept entry gives zeros (not NaN), as SDPA does; a NaN or ``+inf`` among the
+    kept logits still gives NaN (the instability is reported, not hidden).
     """
     if keep is not None:
         logits = logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if keep is not None:
-        probs = torch.nan_to_num(probs, nan=0.0)
+        empty = ~keep.any(dim=-1, keepdim=True)  # rows where every key is masked
+        probs = probs.masked_fill(empty, 0.0)
     return probs
 
 

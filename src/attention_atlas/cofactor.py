@@ -1,0 +1,613 @@
+"""Principal cofactors of attention Laplacians, the stability margin and the cofactor regulariser.
+
+An attention matrix ``A (..., n, n)`` is row-stochastic (``A 1 = 1``), so ``L = I - A`` has
+``L 1 = 0``. When ``rank L = n - 1`` (for example when the chain ``A`` is irreducible) the
+adjugate of ``L`` has rank one, and since ``adj(L) L = L adj(L) = det(L) I = 0`` it is
+
+    adj(L) = 1 c^T,        c_i = det(L with row i and column i removed),        c^T L = 0,
+
+the vector of principal cofactors (the seed's eq. ``c^T L = 0``). Its sum is the *stability
+margin* ``m = sum_i c_i = prod_{k>=2} lambda_k(L)`` (the product of the nonzero eigenvalues),
+and by the Markov chain tree theorem (Leighton and Rivest, 1986) ``c`` is proportional to the
+stationary distribution of ``A``.
+
+Three ways to compute ``c``:
+
+``"minors"``
+    the reference: one determinant per deleted row and column, ``O(n^4)``.
+``"lu"``
+    exact, one ``O(n^3)`` factorisation. With any ``w`` such that ``w^T 1 = 1`` (we take
+    ``w = 1 / n``), the rank-one shift ``M = L + 1 w^T`` has (matrix determinant lemma)
+
+        det(M) = det(L) + w^T adj(L) 1 = (w^T 1)(c^T 1) = m,
+
+    and ``c^T M = c^T L + (c^T 1) w^T = m w^T``, so ``c = m M^{-T} w``. The eigenvalues of ``M``
+    are those of ``L`` with the zero replaced by ``w^T 1 = 1``, so ``M`` is as well conditioned as
+    the nonzero spectrum of ``L``. One LU of ``M`` gives ``det(M)`` (its diagonal and pivots) and
+    ``x = M^{-T} w`` (one solve); then ``c = det(M) x`` and, since ``1^T x = 1``, ``x`` is the
+    normalised cofactor vector itself (the stationary distribution of an irreducible ``A``).
+``"power"``
+    approximate: power iteration ``pi_{k+1}^T = pi_k^T A`` for the stationary distribution,
+    scaled by the margin from one determinant. The error bound is the Doeblin contraction:
+    with ``delta = 1 - sum_j min_i A_ij`` (an upper bound of Dobrushin's ergodicity coefficient),
+    ``||pi_k - pi||_1 <= delta / (1 - delta) * ||pi_k - pi_{k-1}||_1``; the bound is returned by
+    :func:`power_stationary`. The vector part costs ``O(k n^2)``; the scale still needs one
+    determinant, so ``"power"`` only saves time when only ``pi`` is wanted.
+
+Numerics: ``L`` is formed as the Laplacian of the off-diagonal weights,
+``L_ii = sum_{j != i} A_ij`` and ``L_ij = -A_ij``. For row-stochastic ``A`` this equals
+``I - A``; it makes ``L 1 = 0`` hold to round-off and avoids the cancellation in ``1 - A_ii``
+when ``A_ii`` is close to one (saturated self-attention). Gradients with respect to the logits
+of a softmax are the same for both forms (they differ by a per-row constant, which the softmax
+Jacobian annihilates).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CofactorResult",
+    "diagnostic",
+    "regularizer",
+    "cofactor_diagnostics",
+    "cofactor_flops",
+    "cofactor_penalty",
+    "cofactor_regularizer_from_probs",
+    "exact_cofactors",
+    "laplacian",
+    "lu_cofactors",
+    "power_stationary",
+    "principal_cofactors",
+    "spectral_gap",
+    "stability_margin",
+    "stationary_distribution",
+    "validate_stochastic",
+]
+
+METHODS = ("minors", "lu", "power")
+
+
+# --------------------------------------------------------------------------------------------
+# validation and the Laplacian
+# --------------------------------------------------------------------------------------------
+def validate_stochastic(A: Tensor, atol: float = 1e-4, name: str = "A") -> None:
+    """Raise a clear error unless ``A (..., n, n)`` is a floating, square, row-stochastic tensor.
+
+    Args:
+        A: candidate attention matrices.
+        atol: tolerance on ``min A_ij >= -atol`` and ``|sum_j A_ij - 1| <= atol``.
+            The default accepts float32 softmax round-off and rejects logits or unnormalised scores.
+        name: the argument name used in error messages.
+
+    Raises:
+        TypeError: not a tensor.
+        ValueError: not floating point, fewer than two dimensions, not square, or not
+            row-stochastic within ``atol`` (the message gives the worst entry or row sum).
+    """
+    if not isinstance(A, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(A).__name__}")
+    if not A.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor (float32/float64), got {A.dtype}")
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"{name} must have shape (..., n, n) (square), got {tuple(A.shape)}")
+    if A.shape[-1] == 0:
+        raise ValueError(f"{name} must have n >= 1, got shape {tuple(A.shape)}")
+    if atol < 0:
+        raise ValueError(f"atol must be non-negative, got {atol}")
+    with torch.no_grad():
+        if not bool(torch.isfinite(A).all()):
+            raise ValueError(f"{name} has non-finite entries (NaN or inf)")
+        lo = float(A.min())
+        if lo < -atol:
+            raise ValueError(
+                f"{name} must be row-stochastic: entries >= 0 (tolerance {atol}), "
+                f"got minimum entry {lo:.3g}"
+            )
+        dev = float((A.sum(-1) - 1).abs().max())
+        if dev > atol:
+            raise ValueError(
+                f"{name} must be row-stochastic: rows summing to 1 (tolerance {atol}), "
+                f"got max |row sum - 1| = {dev:.3g}"
+            )
+
+
+def laplacian(A: Tensor) -> Tensor:
+    """``L = I - A (..., n, n)`` formed as ``diag(sum_{j != i} A_ij) - offdiag(A)``.
+
+    Equal to ``I - A`` for row-stochastic ``A``, with ``L 1 = 0`` to round-off (module docstring).
+    """
+    n = A.shape[-1]
+    eye = torch.eye(n, dtype=torch.bool, device=A.device)
+    off = A.masked_fill(eye, 0.0)  # (..., n, n)
+    return torch.diag_embed(off.sum(-1)) - off
+
+
+# --------------------------------------------------------------------------------------------
+# the three methods
+# --------------------------------------------------------------------------------------------
+def _minors_cofactors(A: Tensor) -> Tensor:
+    """Reference: ``c_i = det(L_{-i,-i})`` by one determinant per minor. ``(..., n)``."""
+    L = laplacian(A)
+    n = L.shape[-1]
+    ar = torch.arange(n, device=A.device)
+    keep = ar[None, :] != ar[:, None]  # (n, n): row i keeps j != i
+    idx = ar.expand(n, n)[keep].view(n, n - 1)  # (n, n-1)
+    minors = L[..., idx[:, :, None], idx[:, None, :]]  # (..., n, n-1, n-1)
+    return torch.linalg.det(minors)  # (..., n)
+
+
+@dataclass
+class CofactorResult:
+    """Everything one LU of ``M = L + 1 w^T`` gives.
+
+    Attributes:
+        x: ``(..., n)``, ``M^{-T} w``: the normalised cofactors ``c / m`` (sum to one).
+        sign: ``(...)``, sign of ``det(M) = m`` (a placeholder where singular).
+        logabsdet: ``(...)``, ``log |m|`` (a placeholder where singular).
+        singular: ``(...)`` bool, True where ``rank L < n - 1`` to working precision (a pivot
+            below ``n eps`` times the largest, or a failed factorisation or solve).
+    """
+
+    x: Tensor
+    sign: Tensor
+    logabsdet: Tensor
+    singular: Tensor
+
+    @property
+    def margin(self) -> Tensor:
+        """``m = sum c = det(M)``, ``(...)`` (0 where singular)."""
+        m = self.sign * self.logabsdet.exp()
+        return torch.where(self.singular, torch.zeros_like(m), m)
+
+    @property
+    def cofactors(self) -> Tensor:
+        """``c = m x``, ``(..., n)``."""
+        return self.margin.unsqueeze(-1) * self.x
+
+
+def _lu_parts(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """LU of ``M (..., n, n)``: ``(LU, pivots, sign det, log|det|, numerically singular)``."""
+    n = M.shape[-1]
+    LU, piv, info = torch.linalg.lu_factor_ex(M)  # (..., n, n), (..., n)
+    diag = LU.diagonal(dim1=-2, dim2=-1)  # (..., n)
+    ar = torch.arange(1, n + 1, device=M.device, dtype=piv.dtype)
+    n_swaps = (piv != ar).sum(-1)
+    sign = (1.0 - 2.0 * (n_swaps % 2).to(M.dtype)) * torch.sign(diag.detach()).prod(-1)
+    with torch.no_grad():
+        # numerically singular: a pivot below n * eps * the largest pivot (rank L < n - 1 to
+        # working precision), a non-finite pivot, or a failed factorisation
+        piv_abs = diag.abs()
+        tiny = piv_abs.amin(-1) <= n * torch.finfo(M.dtype).eps * piv_abs.amax(-1)
+        singular = (info != 0) | tiny | ~torch.isfinite(piv_abs).all(-1)
+    logabsdet = diag.abs().log().sum(-1)
+    return LU, piv, sign, logabsdet, singular
+
+
+def lu_cofactors(A: Tensor) -> CofactorResult:
+    """Exact cofactors from one LU of the rank-one shift ``M = L + 1 w^T``, ``w = 1 / n``.
+
+    See the module docstring for the derivation (``det M = m``, ``c = m M^{-T} w``).
+    Differentiable (through ``torch.linalg.lu_factor`` and ``lu_solve``) and batched.
+    Matrices found numerically singular are replaced by the identity before the solve (a
+    decision without gradient, so no NaN leaks into the backward pass); their entries in the
+    result are placeholders (``x = w``) and are flagged in ``singular``.
+
+    Args:
+        A: ``(..., n, n)`` row-stochastic (not validated here).
+    """
+    n = A.shape[-1]
+    M = laplacian(A) + 1.0 / n  # L + 1 w^T with w = 1/n: every entry shifted by 1/n
+    LU, piv, sign, logabsdet, singular = _lu_parts(M)
+    if bool(singular.any()):  # refactorise with the singular ones replaced (rare)
+        eye = torch.eye(n, dtype=A.dtype, device=A.device)
+        M = torch.where(singular[..., None, None], eye, M)
+        LU, piv, sign, logabsdet, _ = _lu_parts(M)
+    w = torch.full((*A.shape[:-1], 1), 1.0 / n, dtype=A.dtype, device=A.device)
+    x = torch.linalg.lu_solve(LU, piv, w, adjoint=True).squeeze(-1)  # M^T x = w
+    return CofactorResult(x=x, sign=sign, logabsdet=logabsdet, singular=singular)
+
+
+def power_stationary(
+    A: Tensor, *, tol: float | None = None, max_iter: int = 1000
+) -> tuple[Tensor, Tensor, int]:
+    """Stationary distribution by power iteration on ``A^T``, with an a-posteriori error bound.
+
+    Iterates ``pi_{k+1}^T = pi_k^T A`` from the uniform distribution until
+    ``||pi_{k+1} - pi_k||_1 <= tol`` for every matrix in the batch (or ``max_iter``).
+
+    Error bound: ``delta = 1 - sum_j min_i A_ij`` bounds Dobrushin's coefficient, so
+    ``||pi_k - pi||_1 <= delta / (1 - delta) ||pi_k - pi_{k-1}||_1`` (a contraction in the
+    l1 norm on vectors summing to zero). The bound is ``inf`` where ``delta = 1`` (for example
+    causal or sparse attention): the iteration may still converge, but nothing is guaranteed.
+
+    Args:
+        A: ``(..., n, n)`` row-stochastic.
+        tol: stopping tolerance on the l1 step (default ``100 * eps(dtype)``).
+        max_iter: iteration cap.
+
+    Returns:
+        ``(pi (..., n), bound (...), iterations)``, ``bound`` detached.
+    """
+    if tol is None:
+        tol = 100 * torch.finfo(A.dtype).eps
+    n = A.shape[-1]
+    pi = torch.full(A.shape[:-1], 1.0 / n, dtype=A.dtype, device=A.device)  # (..., n)
+    step = torch.full(A.shape[:-2], float("inf"), dtype=A.dtype, device=A.device)
+    k = 0
+    for k in range(1, max_iter + 1):  # noqa: B007 (k is returned)
+        new = (pi.unsqueeze(-2) @ A).squeeze(-2)  # pi^T A
+        new = new / new.sum(-1, keepdim=True)
+        step = (new - pi).detach().abs().sum(-1)
+        pi = new
+        if bool((step <= tol).all()):
+            break
+    with torch.no_grad():
+        delta = (1.0 - A.amin(-2).sum(-1)).clamp(0.0, 1.0)  # (...)
+        bound = torch.where(delta < 1, delta / (1 - delta) * step, torch.full_like(step, math.inf))
+    return pi, bound, k
+
+
+def principal_cofactors(
+    A: Tensor,
+    method: str = "lu",
+    *,
+    atol: float = 1e-4,
+    check: bool = True,
+    power_tol: float | None = None,
+    power_max_iter: int = 1000,
+) -> Tensor:
+    """Principal cofactors ``c_i = det((I - A) with row i and column i removed)``.
+
+    Args:
+        A: ``(..., n, n)`` row-stochastic (float32 or float64; any batch shape).
+        method: ``"minors"`` (reference, ``O(n^4)``), ``"lu"`` (exact, one factorisation,
+            ``O(n^3)``) or ``"power"`` (stationary distribution by power iteration, scaled by
+            the margin; see :func:`power_stationary` for its error bound).
+        atol: row-stochasticity tolerance of the input check.
+        check: validate ``A`` (:func:`validate_stochastic`); turn off in hot loops.
+        power_tol, power_max_iter: options of ``"power"``.
+
+    Returns:
+        ``c (..., n)``, same dtype as ``A``; differentiable.
+
+    Where ``rank(I - A) < n - 1`` (several closed classes) every cofactor is zero; ``"lu"``
+    then falls back to ``"minors"`` for those matrices (values exact, gradients as torch's
+    ``det`` gives them at singular minors).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if check:
+        validate_stochastic(A, atol=atol)
+    if method == "minors":
+        return _minors_cofactors(A)
+    if method == "power":
+        pi, _, _ = power_stationary(A, tol=power_tol, max_iter=power_max_iter)
+        return stability_margin(A, check=False).unsqueeze(-1) * pi
+    res = lu_cofactors(A)
+    return _with_fallback(A, res.cofactors, res.singular)
+
+
+def _with_fallback(A: Tensor, c: Tensor, singular: Tensor) -> Tensor:
+    """Replace the LU cofactors of singular matrices by the reference minors (a decision made
+    without gradient; the minors' values are exact, their gradients are torch's ``det``'s)."""
+    if not bool(singular.any()):
+        return c
+    batch = A.shape[:-2]
+    n = A.shape[-1]
+    Af, cf, bad = A.reshape(-1, n, n), c.reshape(-1, n), singular.reshape(-1)
+    cf = cf.masked_fill(bad.unsqueeze(-1), 0.0).index_put((bad,), _minors_cofactors(Af[bad]))
+    return cf.reshape(*batch, n)
+
+
+def exact_cofactors(A: Tensor, dps: int = 50) -> Tensor:
+    """High-precision reference: the principal cofactors of one ``A (n, n)`` by ``mpmath``
+    determinants at ``dps`` decimal digits, returned in float64 ``(n,)`` (no gradient).
+
+    ``L`` is formed from the float64 entries of ``A`` exactly as :func:`laplacian` does, so the
+    result is the exact cofactor vector of the matrix actually passed, rounded once.
+    """
+    import mpmath
+
+    if A.dim() != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"exact_cofactors takes one square matrix (n, n), got {tuple(A.shape)}")
+    a = A.detach().to(torch.float64).cpu().tolist()
+    n = len(a)
+    with mpmath.workdps(dps):
+        L = mpmath.matrix(n, n)
+        for i in range(n):
+            for j in range(n):
+                if i != j:
+                    L[i, j] = -mpmath.mpf(a[i][j])
+            L[i, i] = mpmath.fsum(mpmath.mpf(a[i][j]) for j in range(n) if j != i)
+        out = []
+        for i in range(n):
+            keep = [j for j in range(n) if j != i]
+            minor = mpmath.matrix([[L[r, c] for c in keep] for r in keep]) if keep else None
+            out.append(float(mpmath.det(minor)) if minor is not None else 1.0)
+    return torch.tensor(out, dtype=torch.float64, device=A.device)
+
+
+def stability_margin(A: Tensor, *, atol: float = 1e-4, check: bool = True) -> Tensor:
+    """``m = sum_i c_i = prod_{k>=2} lambda_k(I - A) = det(I - A + 1 1^T / n)``, shape ``(...)``.
+
+    One LU (:func:`lu_cofactors`); zero where ``rank(I - A) < n - 1``.
+    """
+    if check:
+        validate_stochastic(A, atol=atol)
+    return lu_cofactors(A).margin
+
+
+def stationary_distribution(
+    A: Tensor,
+    method: str = "lu",
+    *,
+    atol: float = 1e-4,
+    check: bool = True,
+    power_tol: float | None = None,
+    power_max_iter: int = 1000,
+) -> Tensor:
+    """Normalised cofactors ``pi = c / sum c`` (the stationary distribution when ``A`` is
+    irreducible; for a reducible ``A`` with one closed class, the stationary distribution
+    supported on it). Shape ``(..., n)``.
+
+    ``"lu"`` solves ``(I - A + 1 w^T)^T pi = w`` (Kemeny and Snell's fundamental-matrix form);
+    ``"power"`` iterates :func:`power_stationary`; ``"minors"`` normalises the reference cofactors.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if check:
+        validate_stochastic(A, atol=atol)
+    if method == "power":
+        return power_stationary(A, tol=power_tol, max_iter=power_max_iter)[0]
+    if method == "minors":
+        c = _minors_cofactors(A)
+        return c / c.sum(-1, keepdim=True)
+    return lu_cofactors(A).x
+
+
+# --------------------------------------------------------------------------------------------
+# the regulariser
+# --------------------------------------------------------------------------------------------
+def cofactor_penalty(
+    A: Tensor,
+    *,
+    beta: float = 0.0,
+    eps: float = 1e-8,
+    method: str = "lu",
+    reduce: str = "mean",
+) -> Tensor:
+    """The seed's regulariser ``-log(|sum c| + eps) + beta KL(u || pi)`` per matrix, in float64.
+
+    ``pi_i = (max(c_i, 0) + eps) / sum_j (max(c_j, 0) + eps)`` and ``u_i = 1 / n``.
+
+    The matrices are cast to float64 (differentiably). ``log(|m| + eps)`` is evaluated as
+    ``logaddexp(log|m|, log eps)`` so a tiny margin does not underflow; the sign of ``m``, the
+    clipping ``max(c, 0)`` and the choice of a fallback for singular matrices are decisions
+    through which no gradient flows (gradients go through the determinant values only).
+
+    Args:
+        A: ``(..., n, n)`` row-stochastic (not validated: the caller produced it by a softmax).
+        beta: weight of the KL term.
+        eps: the seed's epsilon.
+        method: ``"lu"`` (default) or ``"minors"`` (the reference).
+        reduce: ``"mean"`` over matrices (scalar), or ``"none"`` (shape ``(...)``).
+    """
+    if method not in ("lu", "minors"):
+        raise ValueError(
+            f"the penalty needs exact cofactors: method 'lu' or 'minors', got {method!r}"
+        )
+    A64 = A.to(torch.float64)
+    n = A64.shape[-1]
+    if method == "lu":
+        res = lu_cofactors(A64)
+        singular = res.singular
+        logabs = res.logabsdet
+        c = _with_fallback(A64, res.cofactors, singular)
+        if bool(singular.any()):
+            tiny = torch.finfo(torch.float64).tiny
+            logabs = torch.where(singular, c.sum(-1).abs().clamp_min(tiny).log(), logabs)
+    else:
+        c = _minors_cofactors(A64)
+        logabs = c.sum(-1).abs().clamp_min(torch.finfo(torch.float64).tiny).log()
+    log_eps = torch.full_like(logabs, math.log(eps))
+    margin_term = -torch.logaddexp(logabs, log_eps)  # -log(|m| + eps)  (seed's penalty)
+    loss = margin_term
+    if beta:
+        pos = c.clamp_min(0.0) + eps
+        log_pi = pos.log() - pos.sum(-1, keepdim=True).log()
+        kl = -math.log(n) - log_pi.mean(-1)  # KL(u || pi) = sum u (log u - log pi)
+        loss = loss + beta * kl
+    if reduce == "mean":
+        return loss.mean()
+    if reduce == "none":
+        return loss
+    raise ValueError(f"reduce must be 'mean' or 'none', got {reduce!r}")
+
+
+def _select(
+    probs: Sequence[Tensor | None], layers: Sequence[int] | None, heads: Sequence[int] | int | None
+) -> list[Tensor]:
+    """Pick ``(B, h, L, L)`` slices of the chosen layers and heads from per-layer probabilities."""
+    n_layers = len(probs)
+    chosen = range(n_layers) if layers is None else layers
+    out = []
+    for li in chosen:
+        if not -n_layers <= li < n_layers:
+            raise ValueError(f"layer index {li} out of range for {n_layers} layers")
+        p = probs[li]
+        if p is None:
+            raise ValueError(
+                f"layer {li} returned no attention probabilities; the cofactor terms need "
+                "need_weights=True and a variant that materialises its probabilities"
+            )
+        h = p.shape[1]
+        if heads is None:
+            idx = list(range(h))
+        elif isinstance(heads, int):
+            idx = list(range(min(heads, h)))
+        else:
+            idx = list(heads)
+        out.append(p[:, idx])
+    return out
+
+
+def cofactor_regularizer_from_probs(
+    probs: Sequence[Tensor | None],
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = 1,
+    beta: float = 0.0,
+    eps: float = 1e-8,
+    method: str = "lu",
+    max_items: int | None = None,
+) -> Tensor:
+    """Mean cofactor penalty over the selected layers, heads and batch items (a scalar, float64).
+
+    Args:
+        probs: per-layer attention probabilities ``(B, H, L, L)`` (e.g. ``[r.probs for r in
+            output.attentions]``).
+        layers: layer indices (default all).
+        heads: head indices, or an int ``k`` for the first ``k`` heads of each layer (default 1),
+            or None for all.
+        beta, eps, method: see :func:`cofactor_penalty`.
+        max_items: use only the first ``max_items`` batch items (cost control).
+    """
+    sel = _select(probs, layers, heads)
+    if max_items is not None:
+        sel = [p[:max_items] for p in sel]
+    n = sel[0].shape[-1]
+    # one batched call for every selected (layer, item, head): (sum B h, n, n)
+    stacked = torch.cat([p.reshape(-1, n, n) for p in sel])
+    return cofactor_penalty(stacked, beta=beta, eps=eps, method=method)
+
+
+# --------------------------------------------------------------------------------------------
+# diagnostics
+# --------------------------------------------------------------------------------------------
+def spectral_gap(A: Tensor) -> Tensor:
+    """``1 - |lambda_2(A)|`` per matrix ``(...)``, eigenvalues sorted by modulus (float64, no grad).
+
+    Zero when the chain has several closed classes or is periodic.
+    """
+    with torch.no_grad():
+        ev = torch.linalg.eigvals(A.detach().to(torch.float64)).abs()  # (..., n)
+        top2 = ev.topk(min(2, ev.shape[-1]), dim=-1).values
+        if top2.shape[-1] < 2:
+            return torch.ones(A.shape[:-2], dtype=torch.float64, device=A.device)
+        return 1.0 - top2[..., 1]
+
+
+def cofactor_diagnostics(
+    probs: Sequence[Tensor | None],
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = None,
+    near_zero: float = 1e-2,
+    gap_tol: float = 0.05,
+    max_items: int | None = 8,
+) -> dict[str, float]:
+    """Cofactor health of the selected heads, averaged over layers, heads and batch items.
+
+    Per matrix, with ``pi = c / sum c`` (normalised exact cofactors, float64):
+
+    - ``cofactor_min_prob``: ``min_i pi_i`` (``1 / n`` for a doubly stochastic matrix);
+    - ``cofactor_min_prob_n``: ``n min_i pi_i`` (1 = uniform access, 0 = a token no one reaches);
+    - ``cofactor_near_zero``: number of tokens with ``pi_i < near_zero / n``;
+    - ``cofactor_log_margin``: ``log |m|``;
+    - ``spectral_gap``: ``1 - |lambda_2(A)|``;
+    - ``frac_disconnected``: fraction of matrices with ``spectral_gap < gap_tol`` (nearly
+      reducible heads);
+    - ``frac_with_near_zero``: fraction of matrices with at least one near-zero cofactor.
+
+    Also returned per layer as ``..._layer{l}`` for the minimum probability and the gap.
+    """
+    sel_layers = list(range(len(probs))) if layers is None else list(layers)
+    sel = _select(probs, sel_layers, heads)
+    out: dict[str, float] = {}
+    allmin, allnz, alllog, allgap = [], [], [], []
+    with torch.no_grad():
+        for li, p in zip(sel_layers, sel):
+            if max_items is not None:
+                p = p[:max_items]
+            A = p.detach().to(torch.float64)
+            n = A.shape[-1]
+            res = lu_cofactors(A)
+            pi = torch.where(res.singular.unsqueeze(-1), torch.zeros_like(res.x), res.x)
+            mn = pi.amin(-1)
+            nz = (pi < near_zero / n).sum(-1).to(torch.float64)
+            lg = torch.where(res.singular, torch.full_like(res.logabsdet, -745.0), res.logabsdet)
+            gap = spectral_gap(A)
+            allmin.append(mn.reshape(-1))
+            allnz.append(nz.reshape(-1))
+            alllog.append(lg.reshape(-1))
+            allgap.append(gap.reshape(-1))
+            out[f"cofactor_min_prob_n_layer{li}"] = float((n * mn).mean())
+            out[f"spectral_gap_layer{li}"] = float(gap.mean())
+        mn_all, nz_all = torch.cat(allmin), torch.cat(allnz)
+        gap_all, log_all = torch.cat(allgap), torch.cat(alllog)
+        n = sel[0].shape[-1]
+        out.update(
+            cofactor_min_prob=float(mn_all.mean()),
+            cofactor_min_prob_n=float((n * mn_all).mean()),
+            cofactor_near_zero=float(nz_all.mean()),
+            cofactor_log_margin=float(log_all.mean()),
+            spectral_gap=float(gap_all.mean()),
+            frac_disconnected=float((gap_all < gap_tol).to(torch.float64).mean()),
+            frac_with_near_zero=float((nz_all > 0).to(torch.float64).mean()),
+        )
+    return out
+
+
+def _probs_of(output: Any) -> list[Tensor | None]:
+    """Per-layer probabilities from a model output with ``attentions`` (list of AttentionResult)."""
+    atts = getattr(output, "attentions", None)
+    if atts is None:
+        raise ValueError("model output has no 'attentions'; run the model with need_weights=True")
+    return [getattr(a, "probs", None) for a in atts]
+
+
+def cofactor_flops(n: int) -> int:
+    """Estimated FLOPs of the cofactor term for one ``n x n`` matrix, forward and backward.
+
+    One LU (``2 n^3 / 3``) and one pair of triangular solves (``2 n^2``) forward; backward taken
+    as twice the forward (the usual rule), so ``2 n^3 + 6 n^2``. An estimate:
+    :class:`torch.utils.flop_counter.FlopCounterMode` has no formula for LAPACK's LU.
+    """
+    return 2 * n**3 + 6 * n**2
+
+
+def regularizer(model: Any, output: Any, batch: Any, **options: Any) -> Tensor:
+    """Harness regulariser ``"cofactor"``: :func:`cofactor_regularizer_from_probs` on the
+    probabilities of ``output.attentions``. Options: ``layers``, ``heads`` (default 1: the
+    first head of each layer), ``beta``, ``eps``, ``method``, ``max_items``."""
+    return cofactor_regularizer_from_probs(_probs_of(output), **options)
+
+
+def diagnostic(model: Any, output: Any, batch: Any, **options: Any) -> dict[str, float]:
+    """Harness diagnostic ``"cofactor"``: :func:`cofactor_diagnostics` (all heads by default)."""
+    return cofactor_diagnostics(_probs_of(output), **options)
+
+
+def _register_with_harness() -> None:
+    """Register the ``"cofactor"`` regulariser and diagnostic with :mod:`attention_atlas.train`."""
+    from .train import (
+        available_diagnostics,
+        available_regularizers,
+        register_diagnostic,
+        register_regularizer,
+    )
+
+    if "cofactor" not in available_regularizers():
+        register_regularizer("cofactor", needs_weights=True)(regularizer)
+    if "cofactor" not in available_diagnostics():
+        register_diagnostic("cofactor")(diagnostic)
+
+
+_register_with_harness()

@@ -1,0 +1,464 @@
+"""Plotly helpers shared by the chapters: one look, and figures that render everywhere.
+
+``show(fig)`` (and plain ``fig.show()`` or a figure as the last expression of a cell, since
+importing this module makes :class:`AtlasRenderer` plotly's default renderer) emits one output
+bundle with
+
+* ``application/vnd.plotly.v1+json`` in a live kernel, drawn by JupyterLab's plotly extension
+  (offline, interactive), and
+* ``text/html``: a ``<div>`` and a small script calling ``Plotly.newPlot`` on the global
+  ``Plotly``, which the static book loads from its own ``_static/vendor/plotly.min.js`` (no CDN;
+  the book's Sphinx extension adds that script to every page that holds a figure).
+
+Headless executions (papermill through :mod:`attention_atlas.notebooks`, ``make book``, the
+tests) set ``ATTENTION_ATLAS_HEADLESS=1``; :func:`is_interactive` is then False and chapters
+show static figures (plotly sliders or dropdowns over precomputed sweeps) instead of ipywidgets.
+
+Other helpers: :func:`heatmap`, :func:`heatmap_grid`, :func:`add_selector` (slider or dropdown
+over groups of traces), :func:`mean_ci` and :func:`line_band` (mean and 95 % interval over
+seeds), :func:`loglog` and :func:`loglog_slope`, :func:`markdown` (prose with numbers from the run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io._base_renderers import MimetypeRenderer
+from plotly.subplots import make_subplots
+
+__all__ = [
+    "COLORS",
+    "PLOTLY_CONFIG",
+    "AtlasRenderer",
+    "add_selector",
+    "figure_html",
+    "heatmap",
+    "heatmap_grid",
+    "is_interactive",
+    "line_band",
+    "loglog",
+    "loglog_slope",
+    "markdown",
+    "mean_ci",
+    "show",
+]
+
+HEADLESS_ENV = "ATTENTION_ATLAS_HEADLESS"  # same name as attention_atlas.notebooks.HEADLESS_ENV
+
+#: Okabe-Ito palette (distinguishable with the common colour-vision deficiencies)
+COLORS = [
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#D55E00",
+    "#CC79A7",
+    "#56B4E9",
+    "#F0E442",
+    "#000000",
+]
+#: plotly.js config for every figure: no logo link, resize with the page
+PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
+DEFAULT_HEIGHT = 420
+
+pio.templates["atlas"] = go.layout.Template(
+    layout=go.Layout(
+        font={"family": "system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif"},
+        colorway=COLORS,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        hovermode="closest",
+        legend={"bgcolor": "rgba(255,255,255,0.6)"},
+        coloraxis={"colorscale": "Viridis"},
+    ),
+    data={"heatmap": [go.Heatmap(colorscale="Viridis")]},
+)
+pio.templates.default = "plotly_white+atlas"
+
+
+def is_interactive() -> bool:
+    """True only in a live IPython kernel with a frontend (JupyterLab, Notebook, VS Code).
+
+    False in plain Python, in a terminal IPython, and in every headless execution (the runner,
+    ``make book`` and the tests set ``ATTENTION_ATLAS_HEADLESS=1``).
+    """
+    if os.environ.get(HEADLESS_ENV, "").strip() not in ("", "0"):
+        return False
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _fig_dict(fig: Any) -> dict[str, Any]:
+    """A JSON-compatible ``{"data", "layout"}`` dict of a figure (or figure dict)."""
+    return json.loads(pio.to_json(fig, validate=False, remove_uids=False))
+
+
+def figure_html(fig: Any, *, div_id: str | None = None) -> str:
+    """HTML for the static book: a ``<div>`` plus a script that calls ``Plotly.newPlot`` on the
+    page's global ``Plotly`` (loaded by the page; drawn on ``load`` if it is not there yet)."""
+    d = _fig_dict(fig)
+    div_id = div_id or f"atlas-{uuid.uuid4().hex[:12]}"
+    height = d.get("layout", {}).get("height") or DEFAULT_HEIGHT
+    payload = json.dumps(
+        {"data": d.get("data", []), "layout": d.get("layout", {}), "config": PLOTLY_CONFIG}
+    ).replace("</", "<\\/")
+    return (
+        f'<div id="{div_id}" class="plotly-graph-div atlas-figure" '
+        f'style="height:{int(height)}px; width:100%;"></div>\n'
+        '<script type="text/javascript">\n'
+        "(function () {\n"
+        f"  var fig = {payload};\n"
+        f'  var draw = function () {{ window.Plotly.newPlot("{div_id}", fig.data, fig.layout, '
+        "fig.config); };\n"
+        "  if (window.Plotly) { draw(); } else { window.addEventListener('load', draw); }\n"
+        "})();\n"
+        "</script>"
+    )
+
+
+class AtlasRenderer(MimetypeRenderer):
+    """Plotly renderer: plotly mimetype (live kernels) + static HTML (the book)."""
+
+    def to_mimebundle(self, fig_dict: Any) -> dict[str, Any]:
+        bundle: dict[str, Any] = {"text/html": figure_html(fig_dict)}
+        if is_interactive():
+            d = _fig_dict(fig_dict)
+            d["config"] = PLOTLY_CONFIG
+            bundle["application/vnd.plotly.v1+json"] = d
+        return bundle
+
+
+pio.renderers["atlas"] = AtlasRenderer()
+pio.renderers.default = "atlas"
+
+
+def show(fig: go.Figure) -> None:
+    """Display a figure in a notebook (live in JupyterLab, static in the book).
+
+    Outside IPython (a script) it does nothing but return, so chapters' code also runs as a
+    plain Python file.
+    """
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython ships with the book requirements
+        return
+    if get_ipython() is None:
+        return
+    bundle = AtlasRenderer().to_mimebundle(fig.to_dict())
+    bundle["text/plain"] = f"<Figure: {fig.layout.title.text or 'untitled'}>"
+    display(bundle, raw=True)
+
+
+def markdown(text: str) -> None:
+    """Display Markdown (MyST in the book: ``$math$`` and ``{cite}`` work); use f-strings so
+    numbers in prose come from the run."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
+
+
+# -- arrays ------------------------------------------------------------------------------------
+
+
+def _np(a: Any) -> np.ndarray:
+    """A numpy array from a tensor (any device), array or nested list."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
+def mean_ci(samples: Any, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, ...]:
+    """Mean and two-sided Student-t interval over ``axis`` (the seeds).
+
+    Args:
+        samples: ``(n_seeds, ...)`` values (``axis=0``).
+        level: coverage of the interval.
+
+    Returns:
+        ``(mean, lo, hi)``, each shaped like ``samples`` without ``axis``; with one seed
+        ``lo = hi = mean``.
+    """
+    from scipy import stats
+
+    x = _np(samples).astype(float)
+    n = x.shape[axis]
+    mean = x.mean(axis=axis)
+    if n < 2:
+        return mean, mean.copy(), mean.copy()
+    sem = x.std(axis=axis, ddof=1) / np.sqrt(n)
+    half = stats.t.ppf(0.5 + level / 2, df=n - 1) * sem
+    return mean, mean - half, mean + half
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+
+def heatmap(
+    z: Any,
+    *,
+    x: Sequence[Any] | None = None,
+    y: Sequence[Any] | None = None,
+    title: str | None = None,
+    colorscale: str = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    colorbar_title: str | None = None,
+    xlabel: str = "key j",
+    ylabel: str = "query i",
+    height: int | None = None,
+) -> go.Figure:
+    """A matrix ``z (n, m)`` as a heatmap, row 0 at the top (as a matrix is written)."""
+    zz = _np(z)
+    if zz.ndim != 2:
+        raise ValueError(f"heatmap expects a 2-D matrix, got shape {zz.shape}")
+    fig = go.Figure(
+        go.Heatmap(
+            z=zz,
+            x=list(x) if x is not None else None,
+            y=list(y) if y is not None else None,
+            colorscale=colorscale,
+            zmin=zmin,
+            zmax=zmax,
+            colorbar={"title": {"text": colorbar_title}} if colorbar_title else None,
+        )
+    )
+    fig.update_yaxes(autorange="reversed", title=ylabel)
+    fig.update_xaxes(title=xlabel)
+    fig.update_layout(title=title, height=height or DEFAULT_HEIGHT)
+    return fig
+
+
+def heatmap_grid(
+    mats: Mapping[str, Any],
+    *,
+    cols: int | None = None,
+    title: str | None = None,
+    colorscale: str = "Viridis",
+    shared_scale: bool = True,
+    x: Sequence[Any] | None = None,
+    y: Sequence[Any] | None = None,
+    height: int | None = None,
+) -> go.Figure:
+    """Several matrices side by side (one subplot each, titled by the mapping's keys).
+
+    With ``shared_scale`` every panel uses the min/max over all of them and one colour bar.
+    """
+    names = list(mats)
+    arrays = [_np(mats[n]) for n in names]
+    cols = cols or min(len(names), 4)
+    rows = -(-len(names) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.06)
+    lo = min(float(a.min()) for a in arrays) if shared_scale else None
+    hi = max(float(a.max()) for a in arrays) if shared_scale else None
+    for i, a in enumerate(arrays):
+        fig.add_trace(
+            go.Heatmap(
+                z=a,
+                x=list(x) if x is not None else None,
+                y=list(y) if y is not None else None,
+                colorscale=colorscale,
+                zmin=lo,
+                zmax=hi,
+                showscale=(i == 0) or not shared_scale,
+            ),
+            row=i // cols + 1,
+            col=i % cols + 1,
+        )
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title, height=height or max(DEFAULT_HEIGHT, 300 * rows))
+    return fig
+
+
+def add_selector(
+    fig: go.Figure,
+    labels: Sequence[str],
+    groups: Sequence[Sequence[int]],
+    *,
+    kind: str = "slider",
+    prefix: str = "",
+    active: int = 0,
+    titles: Sequence[str] | None = None,
+) -> go.Figure:
+    """Show one group of traces at a time, chosen by a plotly slider or dropdown.
+
+    A static stand-in for a widget: precompute every setting, add all traces to ``fig``, then
+    say which trace indices belong to which label.
+
+    Args:
+        labels: one label per group (slider step or dropdown entry).
+        groups: trace indices (into ``fig.data``) shown for each label; traces in no group
+            stay visible always.
+        kind: ``"slider"`` or ``"dropdown"``.
+        titles: optional figure title per label.
+    """
+    if len(labels) != len(groups):
+        raise ValueError(f"{len(labels)} labels for {len(groups)} groups")
+    if kind not in ("slider", "dropdown"):
+        raise ValueError(f"kind must be 'slider' or 'dropdown', got {kind!r}")
+    grouped = {i for g in groups for i in g}
+    n = len(fig.data)
+    bad = sorted(i for i in grouped if not 0 <= i < n)
+    if bad:
+        raise ValueError(f"trace indices {bad} out of range for a figure with {n} traces")
+
+    def visible(k: int) -> list[bool]:
+        return [(i not in grouped) or (i in groups[k]) for i in range(n)]
+
+    def args(k: int) -> list[dict[str, Any]]:
+        a: list[dict[str, Any]] = [{"visible": visible(k)}]
+        if titles is not None:
+            a.append({"title": {"text": titles[k]}})
+        return a
+
+    for i, v in enumerate(visible(active)):
+        fig.data[i].visible = v
+    method = "update"
+    if kind == "slider":
+        steps = [
+            {"label": str(lab), "method": method, "args": args(k)} for k, lab in enumerate(labels)
+        ]
+        fig.update_layout(
+            sliders=[
+                {
+                    "active": active,
+                    "currentvalue": {"prefix": prefix},
+                    "steps": steps,
+                    "pad": {"t": 40},
+                }
+            ]
+        )
+    else:
+        buttons = [
+            {"label": str(lab), "method": method, "args": args(k)} for k, lab in enumerate(labels)
+        ]
+        fig.update_layout(
+            updatemenus=[
+                {
+                    "active": active,
+                    "buttons": buttons,
+                    "x": 1.0,
+                    "xanchor": "right",
+                    "y": 1.1,
+                    "yanchor": "bottom",
+                }
+            ]
+        )
+    if titles is not None:
+        fig.update_layout(title=titles[active])
+    return fig
+
+
+def line_band(
+    x: Any,
+    series: Mapping[str, Any] | Any,
+    *,
+    fig: go.Figure | None = None,
+    level: float = 0.95,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    log_x: bool = False,
+    log_y: bool = False,
+) -> go.Figure:
+    """Mean over seeds as a line with its ``level`` interval as a shaded band.
+
+    Args:
+        x: ``(n_x,)``.
+        series: ``{name: samples (n_seeds, n_x)}`` or one ``(n_seeds, n_x)`` array.
+    """
+    xs = _np(x)
+    if not isinstance(series, Mapping):
+        series = {"": series}
+    fig = fig or go.Figure()
+    offset = len(fig.data) // 2  # earlier calls on the same figure took the first colours
+    for k, (name, samples) in enumerate(series.items()):
+        s = _np(samples)
+        if s.ndim == 1:
+            s = s[None]
+        if s.shape[-1] != len(xs):
+            raise ValueError(f"series {name!r}: expected (n_seeds, {len(xs)}), got {s.shape}")
+        mean, lo, hi = mean_ci(s, axis=0, level=level)
+        color = COLORS[(offset + k) % len(COLORS)]
+        band_x = np.concatenate([xs, xs[::-1]])
+        band_y = np.concatenate([hi, lo[::-1]])
+        fig.add_trace(
+            go.Scatter(
+                x=band_x,
+                y=band_y,
+                fill="toself",
+                fillcolor=_rgba(color, 0.2),
+                line={"width": 0},
+                hoverinfo="skip",
+                showlegend=False,
+                legendgroup=name,
+                name=f"{name} {int(level * 100)}% interval",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=mean,
+                mode="lines+markers",
+                line={"color": color},
+                name=f"{name} (n={s.shape[0]})" if name else f"mean (n={s.shape[0]})",
+                legendgroup=name,
+            )
+        )
+    fig.update_layout(title=title, xaxis_title=xlabel, yaxis_title=ylabel)
+    if log_x:
+        fig.update_xaxes(type="log")
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def loglog_slope(x: Any, y: Any) -> float:
+    """Least-squares slope of ``log y`` against ``log x`` (the exponent of a power law)."""
+    lx, ly = np.log(_np(x).astype(float)), np.log(_np(y).astype(float))
+    if lx.shape != ly.shape or lx.size < 2:
+        raise ValueError(
+            f"need x and y of the same shape with >= 2 points, got {lx.shape}, {ly.shape}"
+        )
+    return float(np.polyfit(lx, ly, 1)[0])
+
+
+def loglog(
+    x: Any,
+    series: Mapping[str, Any],
+    *,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    slopes_in_legend: bool = True,
+) -> go.Figure:
+    """Curves on log-log axes (for costs against sequence length); the legend gives each
+    curve's fitted exponent when ``slopes_in_legend``."""
+    xs = _np(x)
+    fig = go.Figure()
+    for name, ys in series.items():
+        yy = _np(ys)
+        label = f"{name} (slope {loglog_slope(xs, yy):.2f})" if slopes_in_legend else name
+        fig.add_trace(go.Scatter(x=xs, y=yy, mode="lines+markers", name=label))
+    fig.update_xaxes(type="log", title=xlabel)
+    fig.update_yaxes(type="log", title=ylabel)
+    fig.update_layout(title=title)
+    return fig

@@ -1,0 +1,374 @@
+"""Principal cofactors of L = I - A: identities, the three methods, gradients, errors, shapes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attention_atlas.cofactor import (
+    cofactor_diagnostics,
+    cofactor_penalty,
+    cofactor_regularizer_from_probs,
+    laplacian,
+    lu_cofactors,
+    power_stationary,
+    principal_cofactors,
+    spectral_gap,
+    stability_margin,
+    stationary_distribution,
+    validate_stochastic,
+)
+
+F64 = torch.float64
+
+
+def softmax_matrix(*shape: int, scale: float = 1.0, seed: int = 0, causal: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    z = scale * torch.randn(*shape, generator=g, dtype=F64)
+    if causal:
+        n = shape[-1]
+        z = z.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(z, -1)
+
+
+def banded_matrix(n: int, width: int = 2, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, n, generator=g, dtype=F64)
+    i = torch.arange(n)
+    band = (i[:, None] - i[None, :]).abs() <= width
+    return torch.softmax(z.masked_fill(~band, -math.inf), -1)
+
+
+def coupled_blocks(n1: int, n2: int, coupling: float, seed: int = 0):
+    """Two softmax blocks; each row moves ``coupling`` of its mass to the other block."""
+    a = softmax_matrix(n1, n1, seed=seed)
+    b = softmax_matrix(n2, n2, seed=seed + 1)
+    A = torch.zeros(n1 + n2, n1 + n2, dtype=F64)
+    A[:n1, :n1] = (1 - coupling) * a
+    A[n1:, n1:] = (1 - coupling) * b
+    A[:n1, n1:] = coupling / n2
+    A[n1:, :n1] = coupling / n1
+    return A
+
+
+CASES = {
+    "random": lambda: softmax_matrix(3, 7, 7, scale=2.0),
+    "banded": lambda: banded_matrix(9),
+    "causal": lambda: softmax_matrix(2, 6, 6, causal=True),
+    "nearly_reducible": lambda: coupled_blocks(4, 3, 1e-3),
+}
+
+
+def nonzero_eigen_product(A: torch.Tensor) -> torch.Tensor:
+    L = torch.eye(A.shape[-1], dtype=F64) - A
+    ev = torch.linalg.eigvals(L)
+    ev = torch.gather(ev, -1, ev.abs().argsort(-1))  # the zero eigenvalue first
+    return ev[..., 1:].prod(-1).real
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("method", ["minors", "lu"])
+def test_cofactor_vector_is_a_left_null_vector_of_the_laplacian(case, method):
+    A = CASES[case]()
+    c = principal_cofactors(A, method)
+    L = torch.eye(A.shape[-1], dtype=F64) - A
+    residual = (c.unsqueeze(-2) @ L).squeeze(-2)  # c^T L
+    assert residual.abs().max() <= 1e-13 * max(1.0, float(c.abs().max()))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cofactor_sum_equals_product_of_nonzero_eigenvalues(case):
+    A = CASES[case]()
+    m_eig = nonzero_eigen_product(A)
+    for method in ("minors", "lu"):
+        m = principal_cofactors(A, method).sum(-1)
+        torch.testing.assert_close(m, m_eig, rtol=1e-9, atol=1e-14)
+    torch.testing.assert_close(stability_margin(A), m_eig, rtol=1e-9, atol=1e-14)
+
+
+@pytest.mark.parametrize("case", ["random", "banded", "nearly_reducible"])
+def test_cofactors_are_proportional_to_the_stationary_distribution(case):
+    """Markov chain tree theorem: c / sum c is the left Perron vector of an irreducible A."""
+    A = CASES[case]()
+    c = principal_cofactors(A, "minors")
+    assert (c > 0).all()
+    for a, ci in zip(A.reshape(-1, A.shape[-1], A.shape[-1]), c.reshape(-1, A.shape[-1])):
+        w, v = np.linalg.eig(a.numpy().T)
+        pi = np.real(v[:, np.argmin(np.abs(w - 1))])
+        pi = pi / pi.sum()
+        np.testing.assert_allclose((ci / ci.sum()).numpy(), pi, rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(stationary_distribution(a).numpy(), pi, rtol=1e-8, atol=1e-12)
+
+
+def test_causal_cofactors_concentrate_on_the_first_token():
+    """Causal A: L has a zero first row; c = prod_{j>=1} (1 - A_jj) e_0 and pi = e_0."""
+    A = softmax_matrix(4, 8, 8, causal=True, seed=3)
+    c = principal_cofactors(A, "lu")
+    expected = torch.zeros_like(c)
+    expected[..., 0] = (1 - A.diagonal(dim1=-2, dim2=-1)[..., 1:]).prod(-1)
+    torch.testing.assert_close(c, expected, rtol=1e-12, atol=1e-15)
+    eig = torch.linalg.eigvals(A).abs().sort(-1, descending=True).values
+    torch.testing.assert_close(spectral_gap(A), 1 - eig[..., 1])
+    torch.testing.assert_close(
+        spectral_gap(A), 1 - A.diagonal(dim1=-2, dim2=-1)[..., 1:].amax(-1), rtol=0, atol=1e-12
+    )
+
+
+def test_lu_cofactors_match_minors_to_1e10_relative_in_float64():
+    for n in (2, 3, 8, 16, 33):
+        A = softmax_matrix(5, n, n, scale=1.5, seed=n)
+        ref = principal_cofactors(A, "minors")
+        lu = principal_cofactors(A, "lu")
+        rel = (lu - ref).abs().amax(-1) / ref.abs().amax(-1)
+        assert rel.max() < 1e-10, (n, float(rel.max()))
+
+
+def test_lu_normalised_cofactors_sum_to_one_and_margin_is_the_shifted_determinant():
+    A = softmax_matrix(3, 10, 10, seed=1)
+    res = lu_cofactors(A)
+    torch.testing.assert_close(res.x.sum(-1), torch.ones(3, dtype=F64))
+    M = torch.eye(10, dtype=F64) - A + 1.0 / 10
+    torch.testing.assert_close(res.margin, torch.linalg.det(M))
+
+
+def test_lu_in_float32_agrees_with_float64():
+    A = softmax_matrix(4, 24, 24, seed=2)
+    c64 = principal_cofactors(A, "lu")
+    c32 = principal_cofactors(A.float(), "lu")
+    assert c32.dtype == torch.float32
+    rel = (c32.double() - c64).abs().max() / c64.abs().max()
+    assert rel < 1e-4
+
+
+def test_power_iteration_error_is_within_its_stated_bound():
+    A = softmax_matrix(6, 20, 20, scale=2.0, seed=4)
+    pi_ref = stationary_distribution(A, "minors")
+    for tol in (1e-4, 1e-8):
+        pi, bound, iters = power_stationary(A, tol=tol)
+        err = (pi - pi_ref).abs().sum(-1)
+        assert torch.isfinite(bound).all()
+        assert (err <= bound + 1e-15).all(), (err, bound)
+        assert iters >= 1
+    c = principal_cofactors(A, "power", power_tol=1e-13)
+    ref = principal_cofactors(A, "minors")
+    assert ((c - ref).abs().sum(-1) / ref.sum(-1)).max() < 1e-10
+
+
+def test_power_bound_is_infinite_when_no_column_is_reached_by_every_row():
+    A = softmax_matrix(8, 8, causal=True)
+    _, bound, _ = power_stationary(A.T.contiguous().flip(0, 1) * 0 + torch.eye(8, dtype=F64))
+    assert torch.isinf(bound)
+
+
+def test_two_closed_classes_give_zero_cofactors_and_margin():
+    a = softmax_matrix(3, 3, seed=5)
+    b = softmax_matrix(4, 4, seed=6)
+    A = torch.block_diag(a, b)
+    for method in ("minors", "lu"):
+        c = principal_cofactors(A, method)
+        assert c.abs().max() < 1e-14
+    assert float(stability_margin(A)) == 0.0
+    assert bool(lu_cofactors(A).singular)
+
+
+def test_nearly_reducible_margin_vanishes_linearly_with_the_coupling():
+    m = [float(stability_margin(coupled_blocks(4, 3, eps))) for eps in (1e-2, 1e-3, 1e-4)]
+    assert 9 < m[0] / m[1] < 11 and 9 < m[1] / m[2] < 11
+
+
+def test_lu_gradient_passes_gradcheck_in_float64():
+    z = torch.randn(2, 5, 5, dtype=F64, requires_grad=True)
+    w = torch.randn(2, 5, dtype=F64)
+
+    def f(z):
+        return (principal_cofactors(torch.softmax(z, -1), "lu", check=False) * w).sum(-1)
+
+    assert torch.autograd.gradcheck(f, (z,))
+
+
+def test_lu_gradient_matches_autograd_of_minors():
+    z = torch.randn(3, 7, 7, dtype=F64, requires_grad=True)
+    w = torch.randn(3, 7, dtype=F64)
+    g = []
+    for method in ("lu", "minors"):
+        (gz,) = torch.autograd.grad(
+            (principal_cofactors(torch.softmax(z, -1), method) * w).sum(), z
+        )
+        g.append(gz)
+    torch.testing.assert_close(g[0], g[1], rtol=1e-9, atol=1e-12)
+
+
+def test_gradient_wrt_logits_is_the_same_for_i_minus_a_and_the_offdiagonal_laplacian():
+    z = torch.randn(6, 6, dtype=F64, requires_grad=True)
+    eye = torch.eye(6, dtype=F64)
+    (g1,) = torch.autograd.grad(torch.linalg.det((eye - torch.softmax(z, -1))[1:, 1:]), z)
+    (g2,) = torch.autograd.grad(torch.linalg.det(laplacian(torch.softmax(z, -1))[1:, 1:]), z)
+    torch.testing.assert_close(g1, g2)
+
+
+def test_penalty_passes_gradcheck_and_matches_the_minors_reference():
+    z = torch.randn(2, 3, 6, 6, dtype=F64, requires_grad=True)
+
+    def pen(z, method="lu"):
+        return cofactor_penalty(torch.softmax(z, -1), beta=0.5, method=method)
+
+    assert torch.autograd.gradcheck(pen, (z,))
+    (g_lu,) = torch.autograd.grad(pen(z), z)
+    (g_mi,) = torch.autograd.grad(pen(z, "minors"), z)
+    torch.testing.assert_close(pen(z), pen(z, "minors"))
+    torch.testing.assert_close(g_lu, g_mi, rtol=1e-9, atol=1e-12)
+
+
+def test_penalty_value_is_the_seed_formula():
+    A = softmax_matrix(4, 5, 5, seed=7)
+    c = principal_cofactors(A, "minors")
+    eps, beta = 1e-8, 0.3
+    pi = (c.clamp_min(0) + eps) / (c.clamp_min(0) + eps).sum(-1, keepdim=True)
+    u = torch.full_like(pi, 1 / 5)
+    kl = (u * (u / pi).log()).sum(-1)
+    expected = -(c.sum(-1).abs() + eps).log() + beta * kl
+    torch.testing.assert_close(cofactor_penalty(A, beta=beta, eps=eps, reduce="none"), expected)
+
+
+def test_penalty_of_float32_probabilities_is_computed_in_float64():
+    A = softmax_matrix(2, 6, 6).float().requires_grad_(True)
+    p = cofactor_penalty(A, beta=1.0)
+    assert p.dtype == F64
+    p.backward()
+    assert A.grad is not None and A.grad.dtype == torch.float32
+
+
+def test_penalty_is_finite_with_gradient_for_saturated_causal_attention():
+    z = torch.randn(8, 8, dtype=F64)
+    z.diagonal()[3] = 60.0  # token 3 attends only to itself: A_33 = 1, rank L = n - 2
+    z = z.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), -math.inf).requires_grad_(True)
+    p = cofactor_penalty(torch.softmax(z, -1), beta=1.0)
+    assert torch.isfinite(p)
+    assert abs(float(p.detach()) + math.log(1e-8)) < 1e-6  # m = 0: the penalty is -log(eps)
+    (g,) = torch.autograd.grad(p, z)
+    assert torch.isfinite(g).all()
+
+
+def test_regularizer_selects_layers_and_heads():
+    probs = [softmax_matrix(2, 4, 5, 5, seed=s) for s in range(3)]
+    full = cofactor_penalty(probs[1][:, :2], beta=0.1)
+    sel = cofactor_regularizer_from_probs(probs, layers=[1], heads=2, beta=0.1)
+    torch.testing.assert_close(sel, full)
+    sel2 = cofactor_regularizer_from_probs(probs, layers=[0, 2], heads=[3], max_items=1)
+    expected = (cofactor_penalty(probs[0][:1, 3]) + cofactor_penalty(probs[2][:1, 3])) / 2
+    torch.testing.assert_close(sel2, expected)
+    with pytest.raises(ValueError, match="need_weights"):
+        cofactor_regularizer_from_probs([None])
+    with pytest.raises(ValueError, match="out of range"):
+        cofactor_regularizer_from_probs(probs, layers=[5])
+
+
+def test_spectral_gap_of_a_lazy_uniform_chain_is_its_laziness():
+    n, t = 6, 0.3
+    A = (1 - t) * torch.eye(n, dtype=F64) + t / n
+    assert abs(float(spectral_gap(A)) - t) < 1e-12
+
+
+def test_diagnostics_of_doubly_stochastic_and_reducible_heads():
+    n = 6
+    uniform = torch.full((1, 1, n, n), 1 / n, dtype=F64)
+    d = cofactor_diagnostics([uniform])
+    assert abs(d["cofactor_min_prob_n"] - 1) < 1e-12 and d["cofactor_near_zero"] == 0
+    assert abs(d["spectral_gap"] - 1) < 1e-12 and d["frac_disconnected"] == 0
+    sink = torch.zeros(1, 1, n, n, dtype=F64)
+    sink[..., 0] = 1.0  # every token attends to token 0: pi = e_0
+    d = cofactor_diagnostics([sink])
+    assert d["cofactor_near_zero"] == n - 1 and d["frac_with_near_zero"] == 1
+    assert abs(d["cofactor_log_margin"]) < 1e-12  # m = 1: the margin does not see a sink
+    blocks = coupled_blocks(3, 3, 1e-4).view(1, 1, n, n)
+    assert cofactor_diagnostics([blocks])["frac_disconnected"] == 1
+
+
+@pytest.mark.parametrize("method", ["minors", "lu", "power"])
+def test_batched_shapes_and_single_matrices(method):
+    A = softmax_matrix(2, 3, 5, 5)
+    assert principal_cofactors(A, method).shape == (2, 3, 5)
+    assert stability_margin(A).shape == (2, 3)
+    assert stationary_distribution(A, method).shape == (2, 3, 5)
+    assert principal_cofactors(A[0, 0], method).shape == (5,)
+    one = torch.ones(4, 1, 1, dtype=F64)
+    torch.testing.assert_close(principal_cofactors(one, method), torch.ones(4, 1, dtype=F64))
+
+
+def test_clear_errors_on_bad_input():
+    A = softmax_matrix(4, 4)
+    with pytest.raises(ValueError, match="square"):
+        principal_cofactors(A[:, :3])
+    with pytest.raises(ValueError, match="square"):
+        principal_cofactors(A[0])
+    with pytest.raises(ValueError, match="floating-point"):
+        principal_cofactors(torch.ones(3, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        principal_cofactors(np.eye(3))
+    with pytest.raises(ValueError, match="rows summing to 1"):
+        principal_cofactors(torch.randn(4, 4, dtype=F64).abs())
+    with pytest.raises(ValueError, match="entries >= 0"):
+        principal_cofactors(torch.tensor([[1.5, -0.5], [0.5, 0.5]], dtype=F64))
+    with pytest.raises(ValueError, match="non-finite"):
+        principal_cofactors(torch.full((3, 3), math.nan))
+    with pytest.raises(ValueError, match="method"):
+        principal_cofactors(A, "qr")
+    with pytest.raises(ValueError, match="method"):
+        cofactor_penalty(A, method="power")
+    # the tolerance is a parameter: a row sum off by 1e-3 passes with atol=1e-2
+    B = A.clone()
+    B[0, 0] += 1e-3
+    validate_stochastic(B, atol=1e-2)
+    with pytest.raises(ValueError, match="tolerance 1e-05"):
+        validate_stochastic(B, atol=1e-5)
+
+
+def test_harness_registers_and_runs_the_cofactor_regularizer_and_diagnostic():
+    from attention_atlas.data import ArrayTask
+    from attention_atlas.models import ModelConfig
+    from attention_atlas.train import (
+        TrainConfig,
+        available_diagnostics,
+        available_regularizers,
+        train,
+    )
+
+    assert "cofactor" in available_regularizers() and "cofactor" in available_diagnostics()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 6, 4, generator=g), torch.randint(0, 3, (16,), generator=g)
+    task = ArrayTask("toy", "classify", x, y, x[:8], y[:8], n_classes=3, patch_dim=4)
+    res = train(
+        ModelConfig(dim=8, n_layers=2, n_heads=2),
+        TrainConfig(
+            steps=2,
+            batch_size=4,
+            log_every=2,
+            progress=False,
+            measure_flops=False,
+            effective_rank=False,
+            device="cpu",
+            regularizers=[{"name": "cofactor", "weight": 1e-3, "heads": 1, "beta": 0.1}],
+            diagnostics=[{"name": "cofactor", "heads": [0, 1]}],
+        ),  # fmt: skip
+        task,
+    )
+    row = res.history.iloc[-1]
+    assert math.isfinite(row["reg/cofactor"])
+    assert 0 < row["cofactor/spectral_gap"] <= 1 + 1e-12
+    assert 0 < row["cofactor/cofactor_min_prob_n"] <= 1 + 1e-12
+
+
+def test_exact_reference_agrees_with_both_methods_on_well_conditioned_input():
+    from attention_atlas.cofactor import exact_cofactors
+
+    A = softmax_matrix(7, 7, seed=11)
+    ex = exact_cofactors(A)
+    for method in ("minors", "lu"):
+        c = principal_cofactors(A, method)
+        assert (c - ex).abs().max() / ex.abs().max() < 1e-13
+    torch.testing.assert_close(
+        exact_cofactors(torch.ones(1, 1, dtype=F64)), torch.ones(1, dtype=F64)
+    )

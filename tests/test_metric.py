@@ -1,0 +1,367 @@
+"""Matroidal and dense Mahalanobis distance attention (attention/metric.py, chapter 5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention_atlas.attention.base import build_attention
+from attention_atlas.attention.dot import masked_softmax
+from attention_atlas.attention.metric import (
+    CONTRAST_FAMILIES,
+    GRAPH_FAMILIES,
+    MahalanobisAttention,
+    MatroidalAttention,
+    covector_matrix,
+    euclidean_attention_explicit,
+    graph_edges,
+    is_signed_incidence,
+    is_totally_unimodular,
+    mahalanobis_attention,
+    mahalanobis_logits,
+    matroidal_attention,
+    matroidal_coefficients,
+    matroidal_factor,
+    matroidal_logits,
+    matroidal_metric,
+    metric_factor,
+    prune_columns,
+    squared_distance_attention,
+)
+
+D64 = torch.float64
+D = 9  # head dimension of the sweeps: 4d = 36 = d(d-1)/2, so every family reaches m = 4d
+
+
+def feasible(family: str, d: int, m: int) -> bool:
+    try:
+        graph_edges(family, d, m)
+    except ValueError:
+        return False
+    return True
+
+
+CASES = [(f, m) for f in GRAPH_FAMILIES for m in (D, 2 * D, 4 * D) if feasible(f, D, m)]
+
+
+def reference_attention(z, v, A, theta, eps, tau, causal=False):
+    logits = matroidal_logits(z, A, theta, eps, tau)
+    n = z.shape[-2]
+    keep = torch.ones(n, n, dtype=torch.bool).tril() if causal else None
+    return masked_softmax(logits, keep) @ v
+
+
+# -- covector matrices and total unimodularity ----------------------------------------------
+
+
+def test_every_family_reaches_each_m_it_can_and_the_sweep_covers_all_families():
+    assert {f for f, _ in CASES} == set(GRAPH_FAMILIES)
+    assert {m for _, m in CASES} == {D, 2 * D, 4 * D}
+    for family, m in CASES:
+        edges = graph_edges(family, D, m, seed=3)
+        assert len(edges) == m and len(set(edges)) == m
+        assert all(0 <= i < j < D for i, j in edges)
+
+
+@pytest.mark.parametrize(
+    "family,d,m,match",
+    [
+        ("ring", 6, 12, "exactly d=6"),
+        ("ring_chords", 6, 4, "m >= d"),
+        ("knn", 6, 9, "k\\*d"),
+        ("complete", 6, 12, "exactly d\\(d-1\\)/2=15"),
+        ("random", 6, 16, "at most d\\(d-1\\)/2=15"),
+        ("ring", 2, 2, "d >= 3"),
+        ("hypercube", 6, 6, "unknown"),
+    ],
+)
+def test_impossible_edge_counts_are_clear_errors(family, d, m, match):
+    with pytest.raises(ValueError, match=match):
+        covector_matrix(family, d, m)
+
+
+SMALL = [(f, m) for f in GRAPH_FAMILIES for m in (5, 7, 10) if feasible(f, 5, m)]
+
+
+@pytest.mark.parametrize("family,m", SMALL)
+def test_every_incidence_family_is_totally_unimodular(family, m):
+    d = 5
+    assert {f for f, _ in SMALL} == set(GRAPH_FAMILIES)
+    A = covector_matrix(family, d, m, seed=1)
+    assert is_signed_incidence(A)
+    assert is_totally_unimodular(A)  # exhaustive over every square submatrix
+
+
+def test_unsigned_incidence_is_tu_only_on_bipartite_graphs():
+    # the even ring is bipartite: |incidence| is totally unimodular
+    assert is_totally_unimodular(covector_matrix("unsigned", 6, 6))
+    # an odd cycle has an unsigned incidence minor of determinant 2
+    A = covector_matrix("unsigned", 5, 5)
+    assert not is_signed_incidence(A)
+    assert not is_totally_unimodular(A)
+
+
+def test_sparse_random_contrast_family_fails_the_checker():
+    for seed in range(3):
+        A = covector_matrix("sparse_random", 6, 12, seed=seed)
+        assert not is_signed_incidence(A)
+        assert not is_totally_unimodular(A)
+    assert set(CONTRAST_FAMILIES) == {"unsigned", "sparse_random"}
+
+
+def test_tu_checker_on_known_matrices():
+    assert not is_totally_unimodular(torch.tensor([[1.0, 1.0], [-1.0, 1.0]]))  # det 2
+    assert not is_totally_unimodular(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))  # entry 2
+    interval = torch.tensor([[1.0, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 1]])
+    assert is_totally_unimodular(interval)  # consecutive ones in each column: TU
+    assert is_totally_unimodular(torch.eye(4))
+    # a 3 x 3 minor of determinant 2 hidden in a bigger matrix of 0/+-1 entries
+    A = torch.tensor([[1.0, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 0], [0, 0, 0, 1]])
+    assert not is_totally_unimodular(A)
+
+
+def test_tu_checker_refuses_rather_than_guesses_when_too_large():
+    with pytest.raises(ValueError, match="max_minors"):
+        is_totally_unimodular(covector_matrix("random", 12, 60), max_minors=1000)
+
+
+# -- the paper's side: nonnegative coefficients, rank-one PSD decomposition -----------------
+
+
+def test_coefficients_are_nonnegative_and_metric_positive_definite():
+    theta = torch.tensor([-1e4, -30.0, -1.0, 0.0, 3.0, 1e4], dtype=D64)
+    assert (matroidal_coefficients(theta) >= 0).all()
+    A = covector_matrix("ring", 6, 6, dtype=D64)
+    eps = 1e-4
+    evals = torch.linalg.eigvalsh(matroidal_metric(A, theta, eps))
+    assert evals.min() >= eps - 1e-10  # M - eps I = A diag(l) A^T is PSD
+
+
+@pytest.mark.parametrize("family,m", CASES)
+def test_quadratic_form_is_the_sum_of_rank_one_terms(family, m):
+    g = torch.Generator().manual_seed(0)
+    A = covector_matrix(family, D, m, seed=2, dtype=D64)
+    theta = torch.randn(m, generator=g, dtype=D64)
+    eps = 1e-3
+    x = torch.randn(50, D, generator=g, dtype=D64)
+    M = matroidal_metric(A, theta, eps)
+    lhs = torch.einsum("nd,de,ne->n", x, M, x)
+    l = matroidal_coefficients(theta)
+    rhs = ((x @ A) ** 2 * l).sum(-1) + eps * (x * x).sum(-1)  # sum_e l_e (a_e.x)^2 + eps |x|^2
+    torch.testing.assert_close(lhs, rhs, rtol=1e-12, atol=1e-12)
+    for method in ("qr", "cholesky"):
+        R = matroidal_factor(A, theta, eps, method=method)
+        torch.testing.assert_close(R.T @ R, M, rtol=1e-12, atol=1e-12)
+        assert torch.equal(R, R.triu())
+
+
+def test_metric_factor_of_dense_columns():
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(3, 5, 4, generator=g, dtype=D64)
+    R = metric_factor(W, 1e-4)
+    M = W @ W.transpose(-1, -2) + 1e-4 * torch.eye(5, dtype=D64)
+    torch.testing.assert_close(R.transpose(-1, -2) @ R, M, rtol=1e-12, atol=1e-12)
+
+
+# -- fast path == the seed's pseudocode -----------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("family,m", CASES)
+def test_fast_path_equals_pseudocode(family, m, causal):
+    g = torch.Generator().manual_seed(m)
+    A = covector_matrix(family, D, m, seed=5, dtype=D64)
+    theta = torch.randn(m, generator=g, dtype=D64)
+    z = torch.randn(3, 11, D, generator=g, dtype=D64)
+    v = torch.randn(3, 11, D, generator=g, dtype=D64)
+    for eps, tau in ((1e-4, 1.0), (0.3, 0.25)):
+        ref = reference_attention(z, v, A, theta, eps, tau, causal)
+        out = matroidal_attention(z, v, A, theta, eps, tau, causal=causal)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+
+
+def test_fast_path_accepts_extra_leading_dims_and_other_value_widths():
+    g = torch.Generator().manual_seed(0)
+    A = covector_matrix("knn", 8, 16, dtype=D64)
+    theta = torch.randn(16, generator=g, dtype=D64)
+    z = torch.randn(2, 3, 7, 8, generator=g, dtype=D64)
+    v = torch.randn(2, 3, 7, 5, generator=g, dtype=D64)  # d_v != d: the padded route
+    ref = reference_attention(z, v, A, theta, 1e-4, 0.5)
+    torch.testing.assert_close(
+        matroidal_attention(z, v, A, theta, 1e-4, 0.5), ref, rtol=0, atol=1e-10
+    )
+
+
+@pytest.mark.parametrize("method", ["qr", "cholesky"])
+def test_gradients_to_theta_z_v_pass_gradcheck_and_match_the_reference(method):
+    g = torch.Generator().manual_seed(0)
+    d, m = 5, 10
+    A = covector_matrix("ring_chords", d, m, seed=0, dtype=D64)
+    theta = torch.randn(m, generator=g, dtype=D64, requires_grad=True)
+    z = torch.randn(1, 5, d, generator=g, dtype=D64, requires_grad=True)
+    v = torch.randn(1, 5, d, generator=g, dtype=D64, requires_grad=True)
+    for causal in (False, True):
+
+        def fast(z, v, th, causal=causal):
+            return matroidal_attention(z, v, A, th, 1e-2, 0.7, causal, method=method)
+
+        assert torch.autograd.gradcheck(fast, (z, v, theta))
+        ref = lambda z, v, th, c=causal: reference_attention(z, v, A, th, 1e-2, 0.7, c)
+        w = torch.randn(1, 5, d, generator=g, dtype=D64)
+        g_fast = torch.autograd.grad((fast(z, v, theta) * w).sum(), (z, v, theta))
+        g_ref = torch.autograd.grad((ref(z, v, theta) * w).sum(), (z, v, theta))
+        for a, b in zip(g_fast, g_ref):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_gradient_to_theta_at_tiny_eps_and_tiny_weights_is_finite_in_float32():
+    d, m = 16, 64
+    A = covector_matrix("ring_chords", d, m)
+    theta = torch.full((m,), -20.0, requires_grad=True)  # l_e ~ 2e-9
+    z = torch.randn(2, 32, d, requires_grad=True)
+    out = matroidal_attention(z, z.detach(), A, theta, 1e-4, 1.0)
+    out.square().sum().backward()
+    assert theta.grad is not None and torch.isfinite(theta.grad).all()
+    assert z.grad is not None and torch.isfinite(z.grad).all()
+
+
+def test_dense_mahalanobis_fast_path_and_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 3, generator=g, dtype=D64) for _ in range(3))
+    W = torch.randn(2, 3, 3, generator=g, dtype=D64, requires_grad=True)
+    for causal in (False, True):
+        logits = mahalanobis_logits(q, k, W, 1e-3, 0.8)
+        keep = torch.ones(6, 6, dtype=torch.bool).tril() if causal else None
+        ref = masked_softmax(logits, keep) @ v
+        out = mahalanobis_attention(q, k, v, W, 1e-3, 0.8, causal=causal)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+    qg = q.clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda qq, WW: mahalanobis_attention(qq, k, v, WW, 1e-3, 0.8, causal=True), (qg, W)
+    )
+
+
+def test_folded_bias_kernel_equals_the_explicit_euclidean_reference_with_gradients():
+    g = torch.Generator().manual_seed(0)
+    for shape in ((1, 2, 5, 3), (2, 5, 3)):  # 4-D and 3-D (lifted to 4-D for the kernel)
+        q, k, v = (
+            torch.randn(*shape, generator=g, dtype=D64, requires_grad=True) for _ in range(3)
+        )
+        for causal in (False, True):
+            out = squared_distance_attention(q, k, v, 0.6, causal=causal)
+            ref = euclidean_attention_explicit(q, k, v, 0.6, causal=causal)[0]
+            torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+            f = lambda q, k, v, c=causal: squared_distance_attention(q, k, v, 0.6, causal=c)
+            assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+# -- modules ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["matroidal", "mahalanobis"])
+def test_module_fast_path_equals_its_explicit_reference(name):
+    torch.manual_seed(0)
+    opts = {"m": 16, "graph": "ring_chords"} if name == "matroidal" else {}
+    attn = build_attention(name, dim=32, n_heads=4, **opts).double()
+    with torch.no_grad():  # move off the initial metric so every head differs
+        for p in attn.metric_parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x = torch.randn(2, 10, 32, dtype=D64)
+    mask = torch.rand(2, 1, 10, 10) > 0.3
+    mask[..., 0] = True
+    for causal, msk in ((False, None), (True, None), (False, mask), (True, mask)):
+        fast = attn(x, causal=causal, mask=msk)
+        slow = attn(x, causal=causal, mask=msk, need_weights=True)
+        torch.testing.assert_close(fast.out, slow.out, rtol=0, atol=1e-10)
+        assert slow.probs is not None and int(slow.diagnostics["nonfinite_logits"]) == 0
+
+
+def test_module_gradcheck_through_the_fast_path():
+    torch.manual_seed(0)
+    attn = MatroidalAttention(12, 2, m=12, graph="knn").double()
+    x = torch.randn(1, 5, 12, dtype=D64)
+    theta = attn.theta
+
+    def f(th):
+        return torch.func.functional_call(attn, {"theta": th}, (x,), {"causal": True}).out
+
+    assert torch.autograd.gradcheck(f, (theta.detach().clone().requires_grad_(),))
+
+
+def test_metric_parameters_separate_the_geometry():
+    m = build_attention("matroidal", dim=64, n_heads=8, m=16, graph="ring_chords")
+    w = build_attention("mahalanobis", dim=64, n_heads=8)
+    assert sum(p.numel() for p in m.metric_parameters()) == 8 * 16  # theta (H, m)
+    assert sum(p.numel() for p in w.metric_parameters()) == 8 * 8 * 8  # W (H, d, d)
+    assert isinstance(m, MatroidalAttention) and isinstance(w, MahalanobisAttention)
+    # default initialisation: trace(M) ~= head_dim for matroidal, M = I + eps I for dense
+    d = 8
+    torch.testing.assert_close(
+        m.metric().diagonal(dim1=-2, dim2=-1).sum(-1), torch.full((8,), d + d * 1e-4)
+    )
+    torch.testing.assert_close(w.metric(), (1 + 1e-4) * torch.eye(d).expand(8, d, d))
+
+
+def test_pruning_keeps_outputs_of_the_kept_columns():
+    g = torch.Generator().manual_seed(0)
+    A = covector_matrix("ring_chords", 8, 24, dtype=D64)
+    theta = torch.randn(24, generator=g, dtype=D64) * 3
+    z = torch.randn(2, 7, 8, generator=g, dtype=D64)
+    delta = 0.5
+    A_k, th_k, kept = prune_columns(A, theta, delta)
+    assert 0 < kept.numel() < 24 and A_k.shape == (8, kept.numel())
+    zeroed = theta.clone()
+    dropped = torch.ones(24, dtype=torch.bool)
+    dropped[kept] = False
+    zeroed[dropped] = float("-inf")  # l_e = softplus(-inf) = 0
+    ref = reference_attention(z, z, A, zeroed, 1e-4, 0.9)
+    torch.testing.assert_close(
+        matroidal_attention(z, z, A_k, th_k, 1e-4, 0.9), ref, rtol=0, atol=1e-10
+    )
+
+
+def test_module_pruning_gives_a_smaller_module_with_the_same_outputs():
+    torch.manual_seed(0)
+    attn = MatroidalAttention(48, 4, m=32, graph="ring_chords").double()
+    with torch.no_grad():
+        attn.theta.copy_(torch.randn(4, 32) * 3)
+    delta = 0.5
+    small = attn.pruned(delta)
+    assert small.m < attn.m
+    ref = MatroidalAttention(48, 4, m=32, graph="ring_chords").double()
+    ref.load_state_dict(attn.state_dict())
+    with torch.no_grad():
+        ref.theta.masked_fill_(attn.coefficients() < delta, float("-inf"))
+    x = torch.randn(2, 9, 48, dtype=D64)
+    for need_weights in (False, True):
+        a = small(x, causal=True, need_weights=need_weights).out
+        b = ref(x, causal=True, need_weights=True).out
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert sum(p.numel() for p in small.metric_parameters()) < attn.theta.numel()
+
+
+# -- clear errors -------------------------------------------------------------------------------
+
+
+def test_clear_errors():
+    A = covector_matrix("ring", 4, 4)
+    theta = torch.zeros(4)
+    z = torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match="eps must be nonnegative"):
+        matroidal_logits(z, A, theta, -1e-4, 1.0)
+    with pytest.raises(ValueError, match="tau must be positive"):
+        matroidal_attention(z, z, A, theta, 1e-4, 0.0)
+    with pytest.raises(ValueError, match="eps > 0"):
+        matroidal_attention(z, z, A, theta, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"A must have shape \(\.\.\., d=5, m\)"):
+        matroidal_logits(torch.randn(2, 5, 5), A, theta, 1e-4, 1.0)
+    with pytest.raises(ValueError, match=r"theta must have shape \(\.\.\., m=4\)"):
+        matroidal_attention(z, z, A, torch.zeros(5), 1e-4, 1.0)
+    with pytest.raises(ValueError, match="z must have shape"):
+        matroidal_logits(torch.randn(4), A, theta, 1e-4, 1.0)
+    with pytest.raises(ValueError, match="k and v must have the same length"):
+        matroidal_attention(z, torch.randn(2, 6, 4), A, theta, 1e-4, 1.0)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        MatroidalAttention(16, 2, eps=0.0)
+    with pytest.raises(ValueError, match="W must have shape"):
+        mahalanobis_logits(z, z, torch.randn(5, 5), 1e-4, 1.0)

@@ -1,0 +1,255 @@
+"""The notebook runner, and every chapter: literal parameters, valid SMOKE values, a passing
+smoke run. A chapter whose assert fails must make the runner (and so `make test`) fail."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from attention_atlas.notebooks import (
+    ParameterError,
+    chapter_parameters,
+    chapter_smoke,
+    chapters,
+    parse_override,
+    resolve_chapter,
+    run_chapter,
+    validate_parameters,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = chapters(ROOT / "notebooks")
+IDS = [p.stem for p in CHAPTERS]
+
+HEADER = """\
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+"""
+
+
+def write_chapter(folder: Path, name: str, body: str) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(HEADER + textwrap.dedent(body))
+    return path
+
+
+# -- every chapter -----------------------------------------------------------------------------
+
+
+def test_there_are_chapters() -> None:
+    assert CHAPTERS, "no notebooks/*.py found"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_chapter_declares_literal_parameters_and_a_valid_smoke_set(path: Path) -> None:
+    params = chapter_parameters(path)
+    assert params, f"{path.name}: the parameters cell declares nothing"
+    smoke = chapter_smoke(path)
+    validate_parameters(params, smoke, chapter=path.stem, source="SMOKE")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_chapter_is_in_the_table_of_contents(path: Path) -> None:
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+
+    def files(node: object) -> list[str]:
+        if isinstance(node, dict):
+            own = [node["file"]] if "file" in node else []
+            return own + [f for v in node.values() for f in files(v)]
+        if isinstance(node, list):
+            return [f for v in node for f in files(v)]
+        return []
+
+    listed = files(toc)
+    assert f"notebooks/{path.stem}" in listed, f"add `- file: notebooks/{path.stem}` to _toc.yml"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_chapter_runs_with_its_smoke_parameters(path: Path, smoke_runs: dict) -> None:
+    result = smoke_runs[path.stem]
+    if not result.ok:
+        pytest.fail(str(result.error), pytrace=False)
+    assert result.output.is_file()
+
+
+# -- parameters and overrides ------------------------------------------------------------------
+
+DECLARED = {"n_steps": 400, "lr": 1e-3, "seeds": [0, 1, 2], "name": "dot", "flag": True, "opts": {}}
+
+
+def test_an_unknown_parameter_is_rejected_with_the_declared_names() -> None:
+    with pytest.raises(ParameterError, match=r"unknown parameter\(s\) \['n_step'\].*n_steps"):
+        validate_parameters(DECLARED, {"n_step": 5}, chapter="ch", source="-p")
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ({"n_steps": 2.5}, "'n_steps' in -p expects int"),
+        ({"n_steps": True}, "'n_steps' in -p expects int"),
+        ({"flag": 1}, "'flag' in -p expects bool"),
+        ({"lr": "fast"}, "'lr' in -p expects float"),
+        ({"seeds": [0, "1"]}, r"'seeds' in -p expects list\[int\]"),
+        ({"seeds": 3}, r"'seeds' in -p expects list\[int\]"),
+        ({"name": 3}, "'name' in -p expects str"),
+        ({"opts": []}, "'opts' in -p expects dict"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_rejected_naming_parameter_and_type(
+    override: dict, expected: str
+) -> None:
+    with pytest.raises(ParameterError, match=expected):
+        validate_parameters(DECLARED, override, chapter="ch", source="-p")
+
+
+def test_an_int_may_replace_a_float_and_becomes_a_float() -> None:
+    out = validate_parameters(DECLARED, {"lr": 1, "seeds": [7]}, chapter="ch", source="-p")
+    assert out == {"lr": 1.0, "seeds": [7]} and isinstance(out["lr"], float)
+
+
+@pytest.mark.parametrize(
+    ("text", "pair"),
+    [
+        ("n=5", ("n", 5)),
+        ("lr=1e-3", ("lr", 1e-3)),
+        ("seeds=[0, 1]", ("seeds", [0, 1])),
+        ("name=dot", ("name", "dot")),
+        ("name='a b'", ("name", "a b")),
+        ("flag=False", ("flag", False)),
+    ],
+)
+def test_overrides_are_parsed_as_python_literals(text: str, pair: tuple) -> None:
+    assert parse_override(text) == pair
+
+
+def test_an_override_without_equals_sign_is_rejected() -> None:
+    with pytest.raises(ParameterError, match="key=value"):
+        parse_override("n_steps")
+
+
+def test_a_parameter_that_is_not_a_literal_is_rejected(tmp_path: Path) -> None:
+    path = write_chapter(
+        tmp_path,
+        "bad_params",
+        """
+        # %% tags=["parameters"]
+        n = 3
+        m = n + 1
+
+        # %% tags=["smoke"]
+        SMOKE = {}
+        """,
+    )
+    with pytest.raises(ParameterError, match="m must be a literal"):
+        chapter_parameters(path)
+
+
+def test_smoke_must_be_a_dict_literal(tmp_path: Path) -> None:
+    path = write_chapter(
+        tmp_path,
+        "bad_smoke",
+        """
+        # %% tags=["parameters"]
+        n = 3
+
+        # %% tags=["smoke"]
+        SMOKE = [1]
+        """,
+    )
+    with pytest.raises(ParameterError, match="SMOKE = "):
+        chapter_smoke(path)
+
+
+def test_bad_parameters_are_rejected_before_anything_executes(tmp_path: Path) -> None:
+    path = write_chapter(
+        tmp_path,
+        "never_runs",
+        """
+        # %% tags=["parameters"]
+        n = 3
+
+        # %% tags=["smoke"]
+        SMOKE = {"n": 1}
+
+        # %%
+        open("ran.txt", "w").write("ran")
+        """,
+    )
+    with pytest.raises(ParameterError, match="'n' in -p expects int"):
+        run_chapter(path, overrides={"n": "three"}, out_dir=tmp_path / "out")
+    assert not (tmp_path / "ran.txt").exists() and not (tmp_path / "out").exists()
+
+
+def test_chapters_resolve_by_stem_file_name_or_path() -> None:
+    first = CHAPTERS[0]
+    assert resolve_chapter(first.stem) == first.resolve()
+    assert resolve_chapter(first.name) == first.resolve()
+    assert resolve_chapter(str(first)) == first.resolve()
+    with pytest.raises(FileNotFoundError, match="chapters:"):
+        resolve_chapter("no_such_chapter")
+
+
+# -- a failing assert fails the runner ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_failing_assert_fails_the_command_naming_chapter_and_cell(tmp_path: Path) -> None:
+    path = write_chapter(
+        tmp_path,
+        "99_broken",
+        """
+        # %% [markdown]
+        # # A broken chapter
+
+        # %% tags=["parameters"]
+        n = 3
+
+        # %% tags=["smoke"]
+        SMOKE = {"n": 2}
+
+        # %%
+        value = n * 2
+
+        # %%
+        assert value == 5, f"value is {value}"
+        """,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_atlas", "notebooks", "run", "--smoke", "-q"]
+        + [str(path), "--out", str(tmp_path / "out"), "-p", "n=3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "chapter 99_broken failed in cell 5 (99_broken.py, line 24)" in err, err
+    assert "AssertionError: value is 6" in err, err
+    assert (tmp_path / "out" / "99_broken.ipynb").is_file()  # the executed notebook is kept
+
+
+def test_an_unknown_override_makes_the_command_exit_2_without_running(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_atlas", "notebooks", "run", CHAPTERS[0].stem]
+        + ["--out", str(tmp_path), "-p", "no_such_parameter=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "unknown parameter(s) ['no_such_parameter']" in proc.stderr
+    assert not list(tmp_path.iterdir())
