@@ -273,11 +273,11 @@ def sweep(
                       min_sample_s=0.05)  # fmt: skip
         for m in fns:
             f = res["results"][m]["forward"]
-            k = factors.get(m, 1)
-            row = {"method": m, "length": length, "median_s": k * f["median_s"],
-                   "ratio_to_chunked": k * f["ratio_median"], "note": notes.get(m, "")}  # fmt: skip
+            fac = factors.get(m, 1)
+            row = {"method": m, "length": length, "median_s": fac * f["median_s"],
+                   "ratio_to_chunked": fac * f["ratio_median"], "note": notes.get(m, "")}  # fmt: skip
             if memory:
-                if k > 1:
+                if fac > 1:
                     row["peak_bytes"] = quadratic_bytes(inputs)
                     row["peak_predicted"] = True
                 else:
@@ -315,7 +315,7 @@ def crossover(rows: list[dict[str, Any]], a: str, b: str) -> float | None:
 
 
 def run(
-    args: argparse.Namespace, save: Callable[[dict[str, Any]], None] | None = None
+    args: argparse.Namespace, save: Callable[[dict[str, Any]], object] | None = None
 ) -> dict[str, Any]:
     """Run the parts named in ``args.parts``; ``save(out)`` is called after each part."""
     save = save or (lambda out: None)

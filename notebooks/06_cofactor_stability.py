@@ -57,14 +57,14 @@ time_batch = 4  # matrices per timed call in the sweep
 repeats = 5  # timing repeats (median, interleaved)
 bench_sizes = [64, 128]  # the issue's benchmark
 bench_batch = 16
-bench_repeats = 5
+bench_repeats = 3
 step_time_steps = 6  # steps timed to choose word- or char-level WikiText-2
-train_steps = 250  # training steps of the baseline (the regularised run gets fewer: equal FLOPs)
+train_steps = 200  # training steps of the baseline (the regularised run gets fewer: equal FLOPs)
 seeds = [0, 1, 2]
 lm_seq_len = 32
 lm_batch = 16
 lm_dim = 48
-digits_batch = 64
+digits_batch = 32
 digits_dim = 48
 n_layers = 6
 n_heads = 4
@@ -72,11 +72,11 @@ reg_heads = 1  # regularised heads per layer
 alpha = 1e-3  # weight of the regulariser in the loss (the seed's range is 1e-4 to 1e-3)
 beta = 0.1  # weight of the KL term
 lm_budget_s = 240.0  # wall-time budget for all WikiText-2 runs; decides word vs char level
-eval_batches = 8  # validation batches at each log step
+eval_batches = 4  # validation batches at each log step
 final_eval_batches = 16  # validation batches at the end (LM; digits use the whole split)
-log_every = 25
+log_every = 50
 spike_ratio = 2.0  # spike: grad norm > spike_ratio x trailing median
-overhead_repeats = 7
+overhead_repeats = 5
 
 # %% tags=["smoke"]
 SMOKE = {
@@ -106,6 +106,7 @@ SMOKE = {
 }
 
 # %%
+import functools
 import math
 import time
 
@@ -115,6 +116,7 @@ import plotly.graph_objects as go
 import torch
 
 from attention_atlas import viz
+from attention_atlas.bench import compare
 from attention_atlas.cofactor import (
     cofactor_diagnostics,
     cofactor_flops,
@@ -384,25 +386,16 @@ viz.markdown(
 # ## 3. Three methods: error and time against $n$
 #
 # Error is measured against the float64 minors on softmax matrices with Gaussian logits. Time is
-# the median of interleaved repeats (each repeat runs every method once, so machine noise hits all
-# methods alike) on batches of `time_batch` matrices; the reference is skipped where it would take
-# too long. `"power"` runs to a tolerance of $10^{-10}$ in $\ell_1$; its a-posteriori bound
+# measured by `attention_atlas.bench.compare` (rounds in which every method runs once, in rotated
+# order; each sample repeats a call until it lasts 20 ms; median over rounds) on batches of
+# `time_batch` matrices. `"power"` runs to a tolerance of $10^{-10}$ in $\ell_1$; its a-posteriori bound
 # $\frac{\delta}{1-\delta}\|\pi_k-\pi_{k-1}\|_1$ with $\delta = 1-\sum_j\min_i A_{ij}$ is printed
 # beside its measured error.
 
 
 # %%
-def interleaved_median(fns: dict, repeats: int) -> dict:
-    """Median wall time of each callable, with the calls interleaved across repeats."""
-    times: dict = {k: [] for k in fns}
-    for f in fns.values():
-        f()  # warm-up
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    return {k: float(np.median(v)) for k, v in times.items()}
+def cofactors_of(A, method):
+    return principal_cofactors(A, method, check=False, power_tol=1e-10)
 
 
 rows = []
@@ -417,12 +410,16 @@ for n in sizes:
     err_pw = (pi_pw - pi_ref).abs().sum(-1)
     assert (err_pw <= bound + 1e-14).all(), (n, err_pw, bound)  # the stated bound holds
     assert rel(c_lu) < 1e-10, (n, rel(c_lu))
-    fns = {
-        "minors": lambda A=A: principal_cofactors(A, "minors", check=False),
-        "lu": lambda A=A: principal_cofactors(A, "lu", check=False),
-        "power": lambda A=A: principal_cofactors(A, "power", check=False, power_tol=1e-10),
-    }
-    t = interleaved_median(fns, repeats)
+    res = compare(
+        {m: functools.partial(cofactors_of, method=m) for m in ["minors", "lu", "power"]},
+        "lu",
+        (A,),
+        backward=False,
+        warmup=1,
+        reps=repeats,
+        memory=False,
+    )["results"]
+    t = {m: res[m]["forward"]["median_s"] for m in res}
     rows.append(
         {
             "n": n,
@@ -471,36 +468,44 @@ methods_df
 # ## 4. Benchmark: one LU against $n$ explicit minors
 #
 # The issue's goals: `"lu"` at least 40 times faster than `"minors"` at $n = 64$ and at least
-# 100 times at $n = 128$ (batch 16, float64), forward; forward + backward reported too. Ratios
-# are measured side by side in one process (interleaved medians).
+# 100 times at $n = 128$ (batch 16, float64), forward; forward + backward (through the softmax)
+# reported too. Ratios are measured side by side in one process by `attention_atlas.bench.compare`
+# (median of per-round ratios; peak memory of one forward + backward from the profiler).
+# `python benchmarks/bench_cofactor.py` runs the same measurement from the command line and
+# writes JSON.
+
 
 # %%
-bench_rows = []
+def cofactors_of_logits(z, method):
+    return principal_cofactors(torch.softmax(z, -1), method, check=False)
+
+
+bench_rows, bench_json = [], {}
 for n in bench_sizes:
-    z = torch.randn(bench_batch, n, n, dtype=F64)
-    A = torch.softmax(z, -1)
-    wts = torch.randn(bench_batch, n, dtype=F64)
-
-    def fwd_bwd(method, z=z, wts=wts):
-        zz = z.clone().requires_grad_(True)
-        (principal_cofactors(torch.softmax(zz, -1), method, check=False) * wts).sum().backward()
-
-    t = interleaved_median(
-        {
-            "minors fwd": lambda A=A: principal_cofactors(A, "minors", check=False),
-            "lu fwd": lambda A=A: principal_cofactors(A, "lu", check=False),
-            "minors fwd+bwd": lambda: fwd_bwd("minors"),
-            "lu fwd+bwd": lambda: fwd_bwd("lu"),
-        },
-        bench_repeats,
+    z = torch.randn(bench_batch, n, n, dtype=F64, requires_grad=True)
+    res = compare(
+        {m: functools.partial(cofactors_of_logits, method=m) for m in ["minors", "lu"]},
+        "lu",
+        (z,),
+        warmup=1,
+        reps=bench_repeats,
+        meta={"n": n, "batch": bench_batch, "dtype": "float64"},
     )
+    bench_json[n] = res
+    r = res["results"]
     bench_rows.append(
         {
             "n": n,
             "batch": bench_batch,
-            **{f"{k} (ms)": 1e3 * v for k, v in t.items()},
-            "speed-up fwd": t["minors fwd"] / t["lu fwd"],
-            "speed-up fwd+bwd": t["minors fwd+bwd"] / t["lu fwd+bwd"],
+            "minors fwd (ms)": 1e3 * r["minors"]["forward"]["median_s"],
+            "lu fwd (ms)": 1e3 * r["lu"]["forward"]["median_s"],
+            "minors fwd+bwd (ms)": 1e3 * r["minors"]["forward_backward"]["median_s"],
+            "lu fwd+bwd (ms)": 1e3 * r["lu"]["forward_backward"]["median_s"],
+            "speed-up fwd": r["minors"]["forward"]["ratio_median"],
+            "speed-up fwd (q25-q75)": f"{r['minors']['forward']['ratio_q25']:.0f}-{r['minors']['forward']['ratio_q75']:.0f}",
+            "speed-up fwd+bwd": r["minors"]["forward_backward"]["ratio_median"],
+            "peak MB minors": r["minors"]["peak_memory_bytes"] / 2**20,
+            "peak MB lu": r["lu"]["peak_memory_bytes"] / 2**20,
         }
     )
 bench_df = pd.DataFrame(bench_rows)
@@ -558,6 +563,19 @@ def lm_config(vocab: int) -> ModelConfig:
         n_heads=n_heads,
         max_len=lm_seq_len,
     )
+
+
+def interleaved_median(fns: dict, repeats: int) -> dict:
+    """Median wall time of each callable, with the calls interleaved across repeats."""
+    times: dict = {k: [] for k in fns}
+    for f in fns.values():
+        f()  # warm-up
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def step_timer(corpus) -> float:
@@ -637,8 +655,9 @@ flops_df
 #
 # FLOPs hide most of the real cost: asking for the probabilities moves every layer off the fused
 # SDPA kernel onto the explicit path, and a batched LU of many small float64 matrices is
-# latency-bound. The cell times one training step of the digits model three ways, interleaved:
-# the baseline (SDPA), the same step with `need_weights=True`, and with the regulariser.
+# latency-bound. The cell times forward + backward of the digits model three ways with
+# `attention_atlas.bench.compare`: the baseline (SDPA), the same step with `need_weights=True`,
+# and with the regulariser (the optimiser update, the same in all three, is left out).
 
 # %%
 ov_cfg = ModelConfig(task="classify", patch_dim=digits.patch_dim, n_classes=10, dim=digits_dim,
@@ -648,30 +667,30 @@ ov_model = Transformer(ov_cfg)
 xb, yb = digits.train_x[:digits_batch], digits.train_y[:digits_batch]
 
 
-def ov_step(weights: bool, reg: bool):
-    def f():
-        out = ov_model(xb, need_weights=weights)
-        loss = torch.nn.functional.cross_entropy(out.logits, yb)
-        if reg:
-            probs = [a.probs for a in out.attentions]
-            loss = loss + alpha * cofactor_regularizer_from_probs(probs, heads=reg_heads, beta=beta)
-        ov_model.zero_grad()
-        loss.backward()
-
-    return f
+def ov_loss(x, weights: bool, reg: bool):
+    out = ov_model(x, need_weights=weights)
+    loss = torch.nn.functional.cross_entropy(out.logits, yb)
+    if reg:
+        probs = [a.probs for a in out.attentions]
+        loss = loss + alpha * cofactor_regularizer_from_probs(probs, heads=reg_heads, beta=beta)
+    return loss
 
 
-ov = interleaved_median(
-    {
-        "baseline": ov_step(False, False),
-        "need_weights": ov_step(True, False),
-        "cofactor": ov_step(True, True),
-    },
-    overhead_repeats,
-)
-overhead = ov["cofactor"] / ov["baseline"] - 1
+ov_fns = {
+    "baseline": functools.partial(ov_loss, weights=False, reg=False),
+    "need_weights": functools.partial(ov_loss, weights=True, reg=False),
+    "cofactor": functools.partial(ov_loss, weights=True, reg=True),
+}
+for f in ov_fns.values():
+    f.bench_params = list(ov_model.parameters())  # backward w.r.t. the model's parameters
+ov_res = compare(ov_fns, "baseline", (xb,), warmup=1, reps=overhead_repeats, memory=False)[
+    "results"
+]
+ov = {k: v["forward_backward"]["median_s"] for k, v in ov_res.items()}
+ov_ratio = {k: v["forward_backward"]["ratio_median"] for k, v in ov_res.items()}
+overhead = ov_ratio["cofactor"] - 1
 viz.markdown(
-    f"Digits model, batch {digits_batch}, median of {overhead_repeats}: baseline step "
+    f"Digits model, batch {digits_batch}, forward + backward, median of {overhead_repeats} rounds: baseline step "
     f"{1e3 * ov['baseline']:.1f} ms, with probabilities {1e3 * ov['need_weights']:.1f} ms, with the "
     f"regulariser {1e3 * ov['cofactor']:.1f} ms: the regulariser (probabilities included) costs "
     f"**{100 * overhead:.0f}% of a baseline step** in wall time, against "

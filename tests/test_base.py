@@ -22,6 +22,8 @@ from attention_atlas.attention.metric import (
     squared_distance_attention,
 )
 
+torch.set_num_threads(1)  # tiny ops on a shared 2-core machine: threads only contend
+
 F64 = torch.float64
 
 

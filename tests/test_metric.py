@@ -328,6 +328,7 @@ def test_module_pruning_gives_a_smaller_module_with_the_same_outputs():
     delta = 0.5
     small = attn.pruned(delta)
     assert small.m < attn.m
+    assert small.active_columns() == int((attn.coefficients() >= delta).sum()) < 4 * 32
     ref = MatroidalAttention(48, 4, m=32, graph="ring_chords").double()
     ref.load_state_dict(attn.state_dict())
     with torch.no_grad():

@@ -12,6 +12,8 @@ from attention_atlas.attention.metric import EuclideanAttention
 from attention_atlas.attention.mixed import MixedHeadAttention
 from attention_atlas.models import ModelConfig, Transformer, attention_modules, param_counts
 
+torch.set_num_threads(1)  # tiny ops on a shared 2-core machine: threads only contend
+
 
 @register_attention("_test_scaled_dot")
 class ScaledDot(DotProductAttention):

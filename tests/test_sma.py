@@ -300,6 +300,14 @@ def test_ssd_chunked_equals_quadratic_equals_recurrent(length: int, chunk: int) 
     assert close(yc, yq) and close(yr, yq)
 
 
+def test_ssd_of_an_empty_sequence_is_empty_and_keeps_the_state() -> None:
+    x, log_a, B, C = ssd_inputs(2, 0, 3, 4, 5)
+    h0 = randn(2, 3, 4, 5, g=gen(21))
+    for method in SSD_METHODS:
+        y, final = ssd(x, log_a, B, C, method=method, initial_state=h0, return_final_state=True)
+        assert y.shape == x.shape and torch.equal(final, h0)
+
+
 def test_ssd_initial_and_final_states_agree_and_split_a_sequence() -> None:
     x, log_a, B, C = ssd_inputs(2, 29, 2, 3, 4, seed=10)
     h0 = randn(2, 2, 3, 4, g=gen(11))

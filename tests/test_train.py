@@ -27,6 +27,8 @@ from attention_atlas.train import (
     train,
 )
 
+torch.set_num_threads(1)  # tiny ops on a shared 2-core machine: threads only contend
+
 TINY = ModelConfig(dim=16, n_layers=2, n_heads=2, max_len=64)
 LOSS_COLUMNS = [
     "step",
@@ -160,6 +162,15 @@ def test_regularizers_and_diagnostics_are_called_and_logged(copy_data):
     assert ((h["_test_maxprob/max"] > 0) & (h["_test_maxprob/max"] <= 1)).all()
     with pytest.raises(ValueError, match="unknown regularizer 'nope'; registered: .*_test_l2"):
         train(TINY, tiny_cfg(regularizers=[{"name": "nope"}]), copy_data)
+
+
+def test_a_time_schedule_stops_at_the_budget_with_the_lr_decayed(copy_data):
+    cfg = tiny_cfg(steps=10**6, log_every=10**6, schedule="time", max_time_s=1.5, min_lr_ratio=0.1)
+    res = train(TINY, cfg, copy_data)
+    assert 1 <= res.final["steps"] < 10**6 and res.final["train_time_s"] >= 1.5
+    assert res.history["lr"].iloc[-1] == pytest.approx(0.1 * 1e-2)
+    with pytest.raises(ValueError, match="needs max_time_s"):
+        train(TINY, tiny_cfg(schedule="time"), copy_data)
 
 
 # -- checkpoints and resume ------------------------------------------------------------------

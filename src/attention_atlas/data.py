@@ -416,10 +416,21 @@ def load_wikitext2(
     texts = [data_file(f, root, download=download).read_text(encoding="utf-8") for f in files]
     unk = "\ufffd"
     vocab = Vocab(sorted(set(texts[0]) | {unk}))
-    tr, va, te = (vocab.encode(list(t), unk=unk) for t in texts)
+    tr, va, te = (_encode_chars(t, vocab, unk) for t in texts)
     corpus = TextCorpus("wikitext-2-char", tr, va, te, vocab=vocab, level="char")
     _CACHE[key] = corpus
     return corpus
+
+
+def _encode_chars(text: str, vocab: Vocab, unk: str) -> Tensor:
+    """Characters -> ids through a sorted code-point table (vectorised; ``unk`` for the rest)."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    table = np.array(sorted(ord(c) for c in vocab.itos), dtype=np.uint32)
+    ids = np.array([vocab.stoi[chr(c)] for c in table], dtype=np.int64)
+    pos = np.clip(np.searchsorted(table, codes), 0, len(table) - 1)
+    found = table[pos] == codes
+    out = np.where(found, ids[pos], vocab.stoi[unk])
+    return torch.from_numpy(out)
 
 
 # -- array tasks (digits, synthetic) -------------------------------------------------------

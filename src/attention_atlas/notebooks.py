@@ -277,11 +277,16 @@ class ChapterResult:
 
 def _source_line(path: Path, cell_source: str) -> int | None:
     """1-based line of ``path`` where a cell's first non-blank line is, if found."""
-    first = next((ln for ln in cell_source.splitlines() if ln.strip()), None)
+    lines = cell_source.splitlines()
+    first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
     if first is None:
         return None
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if line == first:
+    text = path.read_text()
+    at = text.find(cell_source.strip("\n"))  # the whole cell: unambiguous
+    if at >= 0:
+        return text[:at].count("\n") + 1
+    for i, line in enumerate(text.splitlines(), start=1):  # e.g. magics jupytext commented out
+        if line == lines[first]:
             return i
     return None
 

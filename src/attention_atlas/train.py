@@ -159,8 +159,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints (0 = none); needs out_dir
     out_dir: str | None = None  # where history.csv, run.json and checkpoint.pt go
     max_time_s: float | None = None  # stop early after this much training wall time
+    schedule: str = "steps"  # cosine over `steps`, or over max_time_s of training ("time")
     deterministic: bool = True  # torch.use_deterministic_algorithms (warn only) during the run
     device: str | None = None  # default: cuda if available, else cpu
+    num_threads: int | None = None  # torch CPU threads during the run (None = leave as is)
     progress: bool = True  # tqdm progress bar (rank 0)
     measure_flops: bool = True  # count FLOPs once (FlopCounterMode) and record them
     effective_rank: bool = True  # log the effective rank of each layer's hidden states
@@ -274,6 +276,15 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     span = max(1, cfg.steps - cfg.warmup_steps)
     t = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def lr_at_time(step: int, frac: float, cfg: TrainConfig) -> float:
+    """``schedule="time"``: linear warm-up over ``warmup_steps`` times a cosine over the fraction
+    ``frac`` of the time budget ``max_time_s`` used so far (not reproducible: it follows the
+    machine's speed)."""
+    warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
+    t = min(1.0, max(0.0, frac))
+    return warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -544,6 +555,10 @@ def train(
         raise ValueError("checkpoint_every needs out_dir")
     if resume and not cfg.out_dir:
         raise ValueError("resume=True needs out_dir")
+    if cfg.schedule not in ("steps", "time"):
+        raise ValueError(f"schedule must be 'steps' or 'time', got {cfg.schedule!r}")
+    if cfg.schedule == "time" and not cfg.max_time_s:
+        raise ValueError("schedule='time' needs max_time_s (the budget the cosine spans)")
     for spec in cfg.regularizers:
         _lookup("regularizer", _REGULARIZERS, spec)
     for spec in cfg.diagnostics:
@@ -569,12 +584,16 @@ def train(
     )
     if cfg.deterministic:
         _set_deterministic(True, warn_only=True)
+    threads_before = torch.get_num_threads()
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
     try:
         return _train(
             model_cfg, cfg, data, device, rank, world, out_dir, ckpt_path, resume, callbacks or []
         )
     finally:
         _set_deterministic(*det_before)
+        torch.set_num_threads(threads_before)
         if own_group:
             dist.destroy_process_group()
 
@@ -600,11 +619,15 @@ def _train(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
         foreach=False,
     )  # fmt: skip
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg))
+    frac = [0.0]  # fraction of max_time_s used (schedule="time")
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_at_time(s, frac[0], cfg) if cfg.schedule == "time" else lr_at(s, cfg)
+    )
     sampler = make_sampler(data, cfg.batch_size, cfg.seq_len, cfg.seed, rank, world)
     seed_everything(cfg.seed + 7919 * rank)  # training-time randomness (dropout), per rank
 
     step = 0
+    timing = {"t_train": 0.0, "interval_elapsed": 0.0}  # training time so far, in this interval
     history: list[dict[str, float]] = []
     acc: dict[str, Any] = _new_interval()
     flops: dict[str, int] = {}
@@ -626,6 +649,7 @@ def _train(
             state["interval"],
             state["flops"],
         )
+        timing = state.get("timing", timing)
 
     bare = model
     ddp: nn.Module = model
@@ -649,8 +673,8 @@ def _train(
         dynamic_ncols=True,
     )  # fmt: skip
     model.train()
-    t_interval = time.perf_counter()
-    t_train = 0.0
+    t_interval = time.perf_counter() - timing["interval_elapsed"]
+    t_train = timing["t_train"]
     stop = False
     while step < cfg.steps and not stop:
         # 3. one optimiser step on this rank's share of the global batch
@@ -671,6 +695,13 @@ def _train(
             model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         )
         opt.step()
+        if cfg.max_time_s is not None:  # one clock for every rank (rank 0's)
+            elapsed = t_train + (time.perf_counter() - t_interval)
+            ft = torch.tensor([elapsed / cfg.max_time_s], dtype=torch.float64, device=device)
+            if world > 1:
+                dist.broadcast(ft, 0)
+            frac[0] = float(ft)
+            stop = frac[0] >= 1.0
         sched.step()
         step += 1
         loss_f = float(loss.detach())
@@ -685,13 +716,6 @@ def _train(
         for cb in callbacks:
             cb(step, {"loss": loss_f, "grad_norm": float(gnorm)})
         bar.update(1)
-
-        if cfg.max_time_s is not None:
-            elapsed = t_train + (time.perf_counter() - t_interval)
-            flag = torch.tensor([1.0 if elapsed > cfg.max_time_s else 0.0], device=device)
-            if world > 1:
-                dist.broadcast(flag, 0)
-            stop = bool(flag.item())
 
         # 4. log (and evaluate) every log_every steps and at the end
         if step % cfg.log_every == 0 or step == cfg.steps or stop:
@@ -715,7 +739,10 @@ def _train(
         # 5. checkpoint
         if ckpt_path is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             t_ck = time.perf_counter()
-            _checkpoint(ckpt_path, bare, opt, sched, sampler, step, history, acc, flops, cfg, mcfg)
+            timing = {"t_train": t_train, "interval_elapsed": t_ck - t_interval}
+            _checkpoint(
+                ckpt_path, bare, opt, sched, sampler, step, history, acc, flops, timing, cfg, mcfg
+            )
             t_interval += time.perf_counter() - t_ck  # checkpoint time is not training time
     bar.close()
 
@@ -808,6 +835,7 @@ def _checkpoint(
     history: list[dict[str, float]],
     acc: dict[str, Any],
     flops: dict[str, int],
+    timing: dict[str, float],
     cfg: TrainConfig,
     mcfg: ModelConfig,
 ) -> None:
@@ -833,6 +861,7 @@ def _checkpoint(
                 "history": history,
                 "interval": acc,
                 "flops": flops,
+                "timing": timing,
                 "world_size": world,
                 "train_config": cfg.to_dict(),
                 "model_config": mcfg.to_dict(),

@@ -648,6 +648,10 @@ class MatroidalAttention(_FactoredMetricAttention):
     def m(self) -> int:
         return int(self.A.shape[-1])
 
+    def active_columns(self) -> int:
+        """Number of nonzero covector columns over all heads (the metric's effective size)."""
+        return int((self.A.abs().sum(-2) > 0).sum())
+
     def coefficients(self) -> Tensor:
         """``l (H, m) = softplus(theta)``."""
         return matroidal_coefficients(self.theta)

@@ -222,14 +222,18 @@ def geodesic_scores_decomposed(q: Tensor, k: Tensor, U: Tensor, tau: float) -> T
     uk = (U.transpose(-1, -2) @ k.unsqueeze(-1)).squeeze(-1)  # U_j^T k_j      (..., L, r)
     g_ij = torch.einsum("...idr,...jd->...ijr", U, k)  # U_i^T k_j          (..., L, L, r)
     h_ij = torch.einsum("...jdr,...id->...ijr", U, q)  # U_j^T q_i          (..., L, L, r)
-    euc = (q * q).sum(-1).unsqueeze(-1) + (k * k).sum(-1).unsqueeze(-2) - 2 * q @ k.transpose(-1, -2)
+    euc = (
+        (q * q).sum(-1).unsqueeze(-1) + (k * k).sum(-1).unsqueeze(-2) - 2 * q @ k.transpose(-1, -2)
+    )
     term_i = (
         (uq * uq).sum(-1).unsqueeze(-1)
         + (g_ij * g_ij).sum(-1)
         - 2 * (uq.unsqueeze(-2) * g_ij).sum(-1)
     )
     term_j = (
-        (h_ij * h_ij).sum(-1) + (uk * uk).sum(-1).unsqueeze(-2) - 2 * (h_ij * uk.unsqueeze(-3)).sum(-1)
+        (h_ij * h_ij).sum(-1)
+        + (uk * uk).sum(-1).unsqueeze(-2)
+        - 2 * (h_ij * uk.unsqueeze(-3)).sum(-1)
     )
     return -(euc + 0.5 * term_i + 0.5 * term_j) / tau
 
@@ -335,7 +339,9 @@ def geodesic_features(
     tri_a = A.flatten(-2).index_select(-1, flat)  # upper triangle of A   (..., L, d(d+1)/2)
     tri_qq = (q.unsqueeze(-1) * q.unsqueeze(-2)).flatten(-2).index_select(-1, flat)
     tri_kk = (k.unsqueeze(-1) * k.unsqueeze(-2)).flatten(-2).index_select(-1, flat)
-    key_bias = -c_euc * (k * k).sum(-1, keepdim=True) - 0.5 * c_met * (k * a_k).sum(-1, keepdim=True)
+    key_bias = -c_euc * (k * k).sum(-1, keepdim=True) - 0.5 * c_met * (k * a_k).sum(
+        -1, keepdim=True
+    )
     if curvature is not None:
         key_bias = key_bias - c_met * curvature.unsqueeze(-1)
     half_w2 = (-0.5 * c_met) * w2
@@ -384,7 +390,9 @@ TILE_ELEMENTS = 1 << 22
 MAX_KEY_BLOCK = 1024
 
 
-def _block_sizes(n: int, lq: int, lk: int, block_q: int | None, block_k: int | None) -> tuple[int, int]:
+def _block_sizes(
+    n: int, lq: int, lk: int, block_q: int | None, block_k: int | None
+) -> tuple[int, int]:
     bk = block_k if block_k is not None else min(lk, MAX_KEY_BLOCK)
     bq = block_q if block_q is not None else max(16, TILE_ELEMENTS // max(1, n * bk))
     if bq <= 0 or bk <= 0:
@@ -423,7 +431,9 @@ def _flash_forward(
         if kend <= 0:
             continue
         qb = qh[:, i0:i1]
-        m = l = acc = None
+        m: Tensor | None = None
+        l: Tensor | None = None
+        acc: Tensor | None = None
         for j0 in range(0, kend, bk):
             j1 = min(j0 + bk, kend)
             s = torch.bmm(qb, kt[:, :, j0:j1])  # 1. score tile (N, bq, bk): one GEMM
@@ -436,14 +446,15 @@ def _flash_forward(
             p = s.sub_(m_safe).exp_()
             p_sum = p.sum(-1, keepdim=True)
             pv = torch.bmm(p, v[:, j0:j1])  # 3. weighted values
-            if m is None:
+            if m is None or l is None or acc is None:
                 l, acc = p_sum, pv
             else:
                 corr = torch.exp(m - m_safe)
                 l = l * corr + p_sum
                 acc = acc * corr + pv
             m = m_new  # keeps -inf for rows with no visible key yet (corr is then 0)
-        assert l is not None and acc is not None and m is not None
+        if l is None or acc is None or m is None:  # unreachable: kend > 0
+            continue
         ok = l > 0
         l_safe = torch.where(ok, l, torch.ones_like(l))
         out[:, i0:i1] = torch.where(ok, acc / l_safe, 0.0)
@@ -621,7 +632,9 @@ def _geodesic_attention_lowrank(
     Ut = U.transpose(-1, -2)
     a_q = (U @ (Ut @ q.unsqueeze(-1))).squeeze(-1)
     a_k = (U @ (Ut @ k.unsqueeze(-1))).squeeze(-1)
-    key_bias = -c_euc * (k * k).sum(-1, keepdim=True) - 0.5 * c_met * (k * a_k).sum(-1, keepdim=True)
+    key_bias = -c_euc * (k * k).sum(-1, keepdim=True) - 0.5 * c_met * (k * a_k).sum(
+        -1, keepdim=True
+    )
     if curvature is not None:
         key_bias = key_bias - c_met * curvature.unsqueeze(-1)
     ones = torch.ones_like(q[..., :1])
@@ -735,14 +748,14 @@ def metric_aware_projection(q: Tensor, U: Tensor, gamma: Tensor | float) -> Tens
     (The extracted text of eq. (20) reads ``gamma . 1 d``; we take the lost radical as
     ``1 / sqrt(d)``, like the paper's other scalings.) ``gamma`` is the gate, already squashed.
     """
-    uq = (U.transpose(-1, -2) @ q.unsqueeze(-1))  # (..., r, 1)
+    uq = U.transpose(-1, -2) @ q.unsqueeze(-1)  # (..., r, 1)
     return q + gamma / math.sqrt(q.shape[-1]) * (U @ uq).squeeze(-1)
 
 
 def torsion_apply(left: Tensor, right: Tensor, x: Tensor) -> Tensor:
     """``T x`` with ``T = L R^T - R L^T`` (eq. (22)), ``O(d r_T)``: ``left, right (..., d, r_T)``, ``x (..., d)``."""
-    lx = (left.transpose(-1, -2) @ x.unsqueeze(-1))  # L^T x
-    rx = (right.transpose(-1, -2) @ x.unsqueeze(-1))  # R^T x
+    lx = left.transpose(-1, -2) @ x.unsqueeze(-1)  # L^T x
+    rx = right.transpose(-1, -2) @ x.unsqueeze(-1)  # R^T x
     return (left @ rx - right @ lx).squeeze(-1)
 
 
@@ -896,7 +909,13 @@ class _HeadFactorNet(nn.Module):
     """``Linear(D, D m) -> SiLU -> Linear(D m, n_factors H d r)``, final layer ~ N(0, std^2 / (D m))."""
 
     def __init__(
-        self, dim: int, n_heads: int, head_dim: int, rank: int, n_factors: int, expansion: float,
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int,
+        n_factors: int,
+        expansion: float,
         init_std: float,
     ) -> None:
         super().__init__()
@@ -928,7 +947,12 @@ class MetricNet(_HeadFactorNet):
     """
 
     def __init__(
-        self, dim: int, n_heads: int, head_dim: int, rank: int = 4, expansion: float = 1.0,
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int = 4,
+        expansion: float = 1.0,
         init_std: float = 0.02,
     ) -> None:
         super().__init__(dim, n_heads, head_dim, rank, 1, expansion, init_std)
@@ -942,7 +966,12 @@ class TorsionNet(_HeadFactorNet):
     """Phase C, eq. (22): low-rank factors ``L_t, R_t`` of the torsion ``T_t = L R^T - R L^T``."""
 
     def __init__(
-        self, dim: int, n_heads: int, head_dim: int, rank: int = 2, expansion: float = 1.0,
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int = 2,
+        expansion: float = 1.0,
         init_std: float = 0.02,
     ) -> None:
         super().__init__(dim, n_heads, head_dim, rank, 2, expansion, init_std)
@@ -958,8 +987,14 @@ class FiberTransport(_HeadFactorNet):
     factors from the hidden state; ``kind="cayley"`` uses the exactly orthogonal Cayley form."""
 
     def __init__(
-        self, dim: int, n_heads: int, head_dim: int, rank: int = 2, expansion: float = 1.0,
-        init_std: float = 0.02, kind: str = "linear",
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int = 2,
+        expansion: float = 1.0,
+        init_std: float = 0.02,
+        kind: str = "linear",
     ) -> None:
         super().__init__(dim, n_heads, head_dim, rank, 2, expansion, init_std)
         if kind not in ("linear", "cayley"):
@@ -1064,7 +1099,9 @@ class RiemannianAttention(Attention):
             if transport_rank > 0
             else None
         )
-        self.torsion = TorsionNet(dim, n_heads, self.head_dim, torsion_rank) if torsion_rank > 0 else None
+        self.torsion = (
+            TorsionNet(dim, n_heads, self.head_dim, torsion_rank) if torsion_rank > 0 else None
+        )
         self.torsion_gate = nn.Parameter(torch.tensor(-3.0)) if torsion_rank > 0 else None
 
     def metric_parameters(self) -> list[nn.Parameter]:
@@ -1096,15 +1133,34 @@ class RiemannianAttention(Attention):
         diagnostics: dict[str, Tensor] = {}
         if need_weights:
             out, probs, logits = geodesic_attention_reference(
-                q, k, v, U, self.tau, causal, mask=mask, curvature=omega,
-                alpha=self.alpha, baseline=self.baseline,  # type: ignore[arg-type]
+                q,
+                k,
+                v,
+                U,
+                self.tau,
+                causal,
+                mask=mask,
+                curvature=omega,
+                alpha=self.alpha,
+                baseline=self.baseline,  # type: ignore[arg-type]
             )
-            keep = combine_masks(q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device)
+            keep = combine_masks(
+                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
+            )
             diagnostics["nonfinite_logits"] = count_nonfinite(logits, keep)
         else:
             out = geodesic_attention(
-                q, k, v, U, self.tau, causal, mask=mask, curvature=omega, alpha=self.alpha,
-                baseline=self.baseline, method=self.method,  # type: ignore[arg-type]
+                q,
+                k,
+                v,
+                U,
+                self.tau,
+                causal,
+                mask=mask,
+                curvature=omega,
+                alpha=self.alpha,
+                baseline=self.baseline,  # type: ignore[arg-type]
+                method=self.method,  # type: ignore[arg-type]
             )
         extras = {"metric_factor": U}
         if omega is not None:

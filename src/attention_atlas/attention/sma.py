@@ -654,7 +654,9 @@ def ssd(
     if h0 is None and (method != "quadratic" or return_final_state):
         h0 = x.new_zeros(b, h, p, n)
     final: Tensor | None
-    if method == "recurrent":
+    if x.shape[1] == 0:  # an empty sequence: no output, the state passes through unchanged
+        y, final = x.clone(), h0
+    elif method == "recurrent":
         assert h0 is not None
         y, final = _ssd_recurrent(x, log_a, B, C, h0)
     elif method == "quadratic":
