@@ -37,7 +37,7 @@ typecheck: $(STAMP)
 
 # unit tests, a smoke run of every chapter, the book built from them, the browser test
 pytest: $(STAMP) $(VENDOR_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

@@ -102,8 +102,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--memory-lengths", type=int, nargs="*", default=[256, 512, 1024, 2048])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=Path("artifacts/bench_matroidal.json"))
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     B, H, L, d = args.batch, args.heads, args.length, args.head_dim
     torch.manual_seed(0)
     tau, eps = d**0.5 / 2, 1e-4  # logits -|y_i - y_j|^2 / (2 tau): the dot-product scale

@@ -46,8 +46,9 @@ bench_repeats = 5
 datasets = ["digits", "ptb-char"]  # CIFAR-10 cannot be downloaded here (see the text)
 fractions = [0.01, 0.1, 1.0]  # training-set fractions of the low-data test
 seeds = [0, 1, 2]
-steps = 120  # optimiser steps per run
-batch_size = 32
+steps = 80  # optimiser steps per run
+batch_size = 32  # digits images per batch
+lm_batch_size = 16  # char-PTB windows per batch
 seq_len = 64  # characters per char-PTB window
 dim = 64  # model width D (matched across variants)
 n_heads = 8
@@ -66,14 +67,15 @@ prune_deltas = [0.5, 0.9, 1.0, 1.1]  # delta as a multiple of the initial weight
 # %% tags=["smoke"]
 SMOKE = {
     "datasets": ["digits"],
-    "fractions": [0.1, 1.0],
+    "fractions": [1.0],
     "seeds": [0, 1],
-    "steps": 3,
+    "steps": 2,
     "bench_length": 128,
     "bench_repeats": 2,
     "final_eval_batches": 2,
     "m_multiples": [1, 2],
-    "families": ["ring_chords", "sparse_random"],
+    "families": ["sparse_random"],
+    "slice_fraction": 1.0,
     "prune_deltas": [1.0],
 }
 
@@ -90,7 +92,6 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
-
 from IPython.display import display
 
 import attention_atlas
@@ -177,10 +178,16 @@ summary_tu
 # covector matrices at the head dimension used later ($d = 16$, $m = 2d$).
 
 # %%
-mats = {f: covector_matrix(f, head_dim, 2 * head_dim, seed=0) for f in ("ring_chords", "knn", "random", "sparse_random")}
+mats = {
+    f: covector_matrix(f, head_dim, 2 * head_dim, seed=0)
+    for f in ("ring_chords", "knn", "random", "sparse_random")
+}
 viz.show(
     viz.heatmap_grid(
-        mats, cols=4, colorscale="RdBu", title=f"covector matrices A (d={head_dim}, m={2 * head_dim})"
+        mats,
+        cols=4,
+        colorscale="RdBu",
+        title=f"covector matrices A (d={head_dim}, m={2 * head_dim})",
     )
 )
 
@@ -199,6 +206,8 @@ viz.show(
 torch.manual_seed(0)
 D64 = torch.float64
 eps = 1e-4
+
+
 def feasible(family: str, d: int, m: int) -> bool:
     try:
         graph_edges(family, d, m)
@@ -207,7 +216,12 @@ def feasible(family: str, d: int, m: int) -> bool:
     return True
 
 
-cases = [(f, k * check_dim) for f in GRAPH_FAMILIES for k in (1, 2, 4) if feasible(f, check_dim, k * check_dim)]
+cases = [
+    (f, k * check_dim)
+    for f in GRAPH_FAMILIES
+    for k in (1, 2, 4)
+    if feasible(f, check_dim, k * check_dim)
+]
 worst = {"decomposition": 0.0, "factor": 0.0, "min_eig_minus_eps": math.inf}
 theta_extreme = torch.tensor([-1e3, -50.0, 0.0, 50.0, 1e3], dtype=D64)
 assert (matroidal_coefficients(theta_extreme) >= 0).all()
@@ -219,7 +233,9 @@ for family, m in cases:
     quad = torch.einsum("nd,de,ne->n", x, M, x)
     rank_one = ((x @ A) ** 2 * matroidal_coefficients(theta)).sum(-1) + eps * (x * x).sum(-1)
     R = matroidal_factor(A, theta, eps)
-    worst["decomposition"] = max(worst["decomposition"], float(((quad - rank_one) / quad).abs().max()))
+    worst["decomposition"] = max(
+        worst["decomposition"], float(((quad - rank_one) / quad).abs().max())
+    )
     worst["factor"] = max(worst["factor"], float((R.T @ R - M).abs().max() / M.abs().max()))
     worst["min_eig_minus_eps"] = min(
         worst["min_eig_minus_eps"], float(torch.linalg.eigvalsh(M).min()) - eps
@@ -263,7 +279,7 @@ for family, m in cases:
         keep = torch.ones(check_len, check_len, dtype=torch.bool).tril() if causal else None
         ref = masked_softmax(logits, keep) @ v
         fast = matroidal_attention(z, v, A, theta, eps, 0.5, causal=causal)
-        err_out = max(err_out, float((fast - ref).abs().max()))
+        err_out = max(err_out, float((fast - ref).detach().abs().max()))
         g_ref = torch.autograd.grad((ref * w).sum(), (z, v, theta))
         g_fast = torch.autograd.grad((fast * w).sum(), (z, v, theta))
         err_grad = max(err_grad, max(float((a - b).abs().max()) for a, b in zip(g_ref, g_fast)))
@@ -277,6 +293,7 @@ viz.markdown(
 # **Cost.** A short timing at $L$ = `bench_length` (B = 4, H = 8, d = 16), interleaved with
 # SDPA; timings on this shared machine are noisy, so the issue's measurement at $L = 1024$
 # is a separate script whose JSON the chapter reads when it exists.
+
 
 # %%
 def timed(fn, repeats):
@@ -297,13 +314,11 @@ fns = {"dot SDPA": lambda: F.scaled_dot_product_attention(zq, kk, vv).sum().back
 for k in m_multiples:
     A_b = covector_matrix("ring" if k == 1 else "ring_chords", d, k * d)
     th_b = torch.zeros(k * d, requires_grad=True)
-    fns[f"matroidal m={k}d"] = (
-        lambda A_b=A_b, th_b=th_b: matroidal_attention(zq, vv, A_b, th_b, eps, d**0.5 / 2)
-        .sum()
-        .backward()
+    fns[f"matroidal m={k}d"] = lambda A_b=A_b, th_b=th_b: (
+        matroidal_attention(zq, vv, A_b, th_b, eps, d**0.5 / 2).sum().backward()
     )
 samples = {n: [] for n in fns}
-for n, f in fns.items():
+for f in fns.values():
     f()
 for _ in range(bench_repeats):
     for n, f in fns.items():
@@ -401,7 +416,7 @@ def run_cell(params: dict, seed: int) -> dict:
     warm = max(1, steps // 10)
     tcfg = TrainConfig(
         steps=steps,
-        batch_size=batch_size,
+        batch_size=batch_size if params["dataset"] == "digits" else lm_batch_size,
         seq_len=seq_len,
         lr=lr,
         warmup_steps=warm,
@@ -482,7 +497,9 @@ for name, p in configs.items():
     alias[name] = unique.setdefault(key, {"name": name, "params": p})["name"]
 to_run = {v["name"]: v["params"] for v in unique.values()}
 cells = make_cells(to_run, seeds)
-print(f"{len(configs)} configurations ({len(to_run)} distinct) x {len(seeds)} seeds = {len(cells)} runs")
+print(
+    f"{len(configs)} configurations ({len(to_run)} distinct) x {len(seeds)} seeds = {len(cells)} runs"
+)
 sweep_dir = Path(tempfile.mkdtemp(prefix="ch05_sweep_"))
 t0 = time.perf_counter()
 raw = run_sweep(cells, run_cell, sweep_dir, log=None)
@@ -506,6 +523,7 @@ assert runs[["val_loss", "grad_norm_var"]].notna().all().all()
 #
 # Metric parameters per model (two layers): dense $2Hd^2$, matroidal $2Hm$. The attention
 # FLOPs (forward, attention core) are those of the kernels actually run.
+
 
 # %%
 def ci_text(values) -> str:
@@ -576,6 +594,7 @@ main_table
 # %% [markdown]
 # ### Sweeps: number of columns m and graph family (slice data set and fraction)
 
+
 # %%
 def slice_table(df, by):
     rows = []
@@ -639,6 +658,7 @@ prune_table
 # stability (no non-finite logit or output in any run). The hypothesis also says the benefit
 # should be largest in the low-data regime.
 
+
 # %%
 def not_worse(a, b) -> tuple[bool, float]:
     """a no worse than b (lower is better): mean below, or 95% intervals overlap."""
@@ -698,7 +718,7 @@ viz.markdown(
     "distance variant starts from the same metric scale, and short runs leave the learned "
     "weights near their initial values: the experiment can detect a large effect of the "
     "structured metric, not a small one. Where an interval is wide the seeds disagree and the "
-    "cell is decided by the overlap rule above, which favours \"not worse\". Non-finite "
+    'cell is decided by the overlap rule above, which favours "not worse". Non-finite '
     f"logits or outputs over all runs, by variant: {n_bad}; with none anywhere, stability does "
     "not discriminate between the variants here. The fast path makes the structured metric "
     "cost about what dot-product attention costs (section 3), so the seed's experiment can be "

@@ -480,6 +480,23 @@ def cofactors_of_logits(z, method):
     return principal_cofactors(torch.softmax(z, -1), method, check=False)
 
 
+def cpu_time_ratio(slow, fast, args, reps: int) -> float:
+    """Median over interleaved rounds of (CPU time of ``slow``) / (CPU time of ``fast``), each
+    sample a loop of calls lasting >= 20 ms, timed with ``time.thread_time`` (this thread's CPU
+    time, which time-sharing with other processes does not inflate)."""
+
+    def sample(f, number):
+        t0 = time.thread_time()
+        for _ in range(number):
+            f(*args)
+        return (time.thread_time() - t0) / number
+
+    with torch.no_grad():
+        number = {f: max(1, math.ceil(0.02 / max(sample(f, 1), 1e-6))) for f in (slow, fast)}
+        ratios = [sample(slow, number[slow]) / sample(fast, number[fast]) for _ in range(reps)]
+    return float(np.median(ratios))
+
+
 bench_rows, bench_json = [], {}
 for n in bench_sizes:
     z = torch.randn(bench_batch, n, n, dtype=F64, requires_grad=True)
@@ -504,6 +521,12 @@ for n in bench_sizes:
             "speed-up fwd": r["minors"]["forward"]["ratio_median"],
             "speed-up fwd (q25-q75)": f"{r['minors']['forward']['ratio_q25']:.0f}-{r['minors']['forward']['ratio_q75']:.0f}",
             "speed-up fwd+bwd": r["minors"]["forward_backward"]["ratio_median"],
+            "speed-up fwd (CPU time)": cpu_time_ratio(
+                functools.partial(cofactors_of_logits, method="minors"),
+                functools.partial(cofactors_of_logits, method="lu"),
+                (z,),
+                bench_repeats,
+            ),
             "peak MB minors": r["minors"]["peak_memory_bytes"] / 2**20,
             "peak MB lu": r["lu"]["peak_memory_bytes"] / 2**20,
         }
@@ -513,19 +536,23 @@ goals = {64: 40.0, 128: 100.0}
 lines = []
 for r in bench_rows:
     goal = goals.get(r["n"])
-    verdict = (
-        ""
-        if goal is None
-        else (" (goal met)" if r["speed-up fwd"] >= goal else f" (goal {goal:g}x NOT met)")
+    met = lambda x, goal=goal: (
+        "" if goal is None else (" (goal met)" if x >= goal else f" (goal {goal:g}x NOT met)")
     )
     lines.append(
-        f"* $n = {r['n']}$: forward {r['speed-up fwd']:.0f}x{verdict}, forward+backward "
-        f"{r['speed-up fwd+bwd']:.0f}x"
+        f"* $n = {r['n']}$: forward **{r['speed-up fwd']:.0f}x** in wall time{met(r['speed-up fwd'])}, "
+        f"**{r['speed-up fwd (CPU time)']:.0f}x** in CPU time{met(r['speed-up fwd (CPU time)'])}; "
+        f"forward+backward {r['speed-up fwd+bwd']:.0f}x (wall); peak memory of a forward+backward "
+        f"{r['peak MB minors']:.0f} MB (minors) against {r['peak MB lu']:.1f} MB (lu)"
     )
 assert all(r["speed-up fwd"] > 1 for r in bench_rows)
 viz.markdown(
-    f"`lu` against `minors`, batch {bench_batch}, float64, median of {bench_repeats}:\n\n"
+    f"`lu` against `minors`, batch {bench_batch}, float64, median of {bench_repeats} rounds:\n\n"
     + "\n".join(lines)
+    + "\n\nOn this shared machine every process gets a varying fraction of a core, so wall-time "
+    "samples are inflated by a factor that changes from one sample to the next and the wall-time "
+    "ratio moves between runs; the CPU-time ratio (`time.thread_time`, this thread's CPU time) is "
+    "not affected by time-sharing. Both are reported; the goals are judged on each."
 )
 bench_df
 

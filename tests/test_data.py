@@ -63,6 +63,26 @@ def test_a_corrupt_file_is_a_clear_error(tmp_path):
         data_file("ptb-word/ptb.test.txt", tmp_path, download=False)
 
 
+def test_a_missing_file_is_downloaded_checked_and_only_kept_when_its_sha256_matches(
+    monkeypatch, tmp_path
+):
+    import hashlib
+
+    src = tmp_path / "source.txt"
+    src.write_bytes(b"hello treebank\n")
+    good = hashlib.sha256(src.read_bytes()).hexdigest()
+    files = dict(D.FILES)
+    files["toy/good.txt"] = D.FileSpec(good, 15, ("file:///nonexistent/x", src.as_uri()))
+    files["toy/bad.txt"] = D.FileSpec("0" * 64, 15, (src.as_uri(),))
+    monkeypatch.setattr(D, "FILES", files)
+    root = tmp_path / "data"
+    assert data_file("toy/good.txt", root).read_bytes() == src.read_bytes()
+    with pytest.raises(DataFileError, match="expected 0000"):
+        data_file("toy/bad.txt", root)
+    assert not (root / "toy" / "bad.txt").exists()
+    assert [p.name for p in (root / "toy").iterdir()] == ["good.txt"]  # no partial files left
+
+
 def test_unknown_data_file_lists_the_known_ones():
     with pytest.raises(KeyError, match="ptb-char/ptb.char.train.txt"):
         data_file("ptb/other.txt")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from attention_atlas.attention.riemannian import hybrid_scores, geodesic_scores, transport_dense
+from attention_atlas.attention.riemannian import geodesic_scores, hybrid_scores, transport_dense
 from attention_atlas.data import TextCorpus, Vocab
 from attention_atlas.fiber_bundle import (
     PHASES,
@@ -24,6 +24,16 @@ from attention_atlas.fiber_bundle import (
 )
 from attention_atlas.linalg import metric_inverse_dense
 from attention_atlas.sweep import Cell, load_results, run_sweep
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small tensors: one intra-op thread is faster, and much faster on a loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 TINY = {"vocab_size": 11, "dim": 16, "n_layers": 2, "n_heads": 2, "max_len": 12}
 
@@ -81,7 +91,10 @@ def test_scores_equal_the_riemannian_hybrid_reference_in_float64() -> None:
     torch.manual_seed(0)
     model = _tiny(tau=1.7).build().double()
     attn = fbt_attentions(model)[0]
-    q, k = torch.randn(2, 2, 12, 8, dtype=torch.float64), torch.randn(2, 2, 12, 8, dtype=torch.float64)
+    q, k = (
+        torch.randn(2, 2, 12, 8, dtype=torch.float64),
+        torch.randn(2, 2, 12, 8, dtype=torch.float64),
+    )
     U = 0.5 * torch.randn(2, 2, 12, 8, 4, dtype=torch.float64)
     om = torch.rand(2, 2, 12, dtype=torch.float64)
     for alpha in (1.0, 0.3):
@@ -231,3 +244,32 @@ def test_sweep_skips_finished_cells_and_reruns_changed_parameters(tmp_path) -> N
     assert (tmp_path / "results.csv").exists()
     with pytest.raises(ValueError, match="duplicate"):
         run_sweep([cells[0], cells[0]], run, tmp_path, log=None)
+
+
+def test_regularizer_terms_equal_the_riemannian_regularisers() -> None:
+    from attention_atlas.attention import riemannian as rm
+    from attention_atlas.fiber_bundle import regularizer_terms
+
+    torch.manual_seed(0)
+    U = torch.randn(2, 3, 7, 5, 2, dtype=torch.float64)
+    got = regularizer_terms(U, kappa_min=9.0, kappa_max=11.0)
+    ref = {
+        "anti": rm.anti_flatness_loss(U, 9.0),
+        "div": rm.metric_diversity_loss(U),
+        "smooth": rm.curvature_smoothness_loss(U),
+        "cap": rm.metric_cap_loss(U, 11.0),
+        "l2": (U * U).sum((-1, -2)).mean(),
+    }
+    for k, v in ref.items():
+        torch.testing.assert_close(got[k], v, rtol=1e-10, atol=1e-10)
+    assert float(got["anti"]) > 0 and float(got["cap"]) > 0
+
+
+def test_materialised_path_equals_the_riemannian_fast_path() -> None:
+    torch.manual_seed(0)
+    fast = _tiny(method="lowrank", alpha=0.7).build().double()
+    slow = _tiny(method="decomposed", alpha=0.7).build().double()
+    _grow_metric(fast)
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randint(0, 11, (2, 12))
+    torch.testing.assert_close(fast(x).logits, slow(x).logits, rtol=1e-9, atol=1e-9)

@@ -296,8 +296,9 @@ def test_ssd_chunked_equals_quadratic_equals_recurrent(length: int, chunk: int) 
     yq = ssd(x, log_a, B, C, method="quadratic")
     yr = ssd(x, log_a, B, C, method="recurrent")
     yc = ssd(x, log_a, B, C, method="chunked", chunk_size=chunk)
+    yb = ssd(x, log_a, B, C, method="chunked", chunk_size=chunk, block_len=2 * chunk + 1)
     assert yc.shape == x.shape
-    assert close(yc, yq) and close(yr, yq)
+    assert close(yc, yq) and close(yr, yq) and close(yb, yq)
 
 
 def test_ssd_of_an_empty_sequence_is_empty_and_keeps_the_state() -> None:
@@ -315,6 +316,9 @@ def test_ssd_initial_and_final_states_agree_and_split_a_sequence() -> None:
         m: ssd(x, log_a, B, C, method=m, chunk_size=8, initial_state=h0, return_final_state=True)
         for m in SSD_METHODS
     }
+    outs["blocks"] = ssd(
+        x, log_a, B, C, chunk_size=4, block_len=8, initial_state=h0, return_final_state=True
+    )
     y_ref, f_ref = outs["recurrent"]
     for y, f in outs.values():
         assert close(y, y_ref) and close(f, f_ref)
@@ -352,24 +356,24 @@ def test_ssd_matrix_is_the_masked_attention_of_the_ssd() -> None:
 
 
 @pytest.mark.parametrize(
-    "method,length,chunk",
-    [("chunked", 7, 3), ("chunked", 6, 6), ("quadratic", 5, 64), ("recurrent", 5, 64)],
+    "method,length,chunk,block",
+    [
+        ("chunked", 7, 2, 4),
+        ("chunked", 6, 6, 2048),
+        ("quadratic", 5, 64, 2048),
+        ("recurrent", 5, 64, 2048),
+    ],
 )
-def test_ssd_gradients_pass_gradcheck(method: str, length: int, chunk: int) -> None:
+def test_ssd_gradients_pass_gradcheck(method: str, length: int, chunk: int, block: int) -> None:
+    """chunked (7, 2, 4): a padded last chunk and two blocks with the state carried between."""
     x, log_a, B, C = (t.requires_grad_() for t in ssd_inputs(1, length, 2, 2, 3, seed=13))
     h0 = randn(1, 2, 2, 3, g=gen(14)).requires_grad_()
 
     def f(x, log_a, B, C, h0):  # type: ignore[no-untyped-def]
         return ssd(
-            x,
-            log_a,
-            B,
-            C,
-            method=method,
-            chunk_size=chunk,
-            initial_state=h0,
-            return_final_state=True,
-        )
+            x, log_a, B, C, method=method, chunk_size=chunk, initial_state=h0,
+            return_final_state=True, block_len=block,
+        )  # fmt: skip
 
     assert torch.autograd.gradcheck(f, (x, log_a, B, C, h0), fast_mode=True)
 
@@ -406,6 +410,7 @@ def test_ssd_rejects_mismatched_shapes_dtypes_and_options() -> None:
         ((x.float(), log_a, B, C), {}, "share a dtype"),
         ((x, log_a, B, C), {"method": "fft"}, "method must be one of"),
         ((x, log_a, B, C), {"chunk_size": 0}, "chunk_size must be a positive int"),
+        ((x, log_a, B, C), {"block_len": 0}, "block_len must be a positive int"),
         (
             (x, log_a, B, C),
             {"initial_state": torch.zeros(2, 3, 5, 4, dtype=F64)},

@@ -172,6 +172,17 @@ class CofactorResult:
         return self.margin.unsqueeze(-1) * self.x
 
 
+def _shifted_laplacian(A: Tensor) -> Tensor:
+    """``M = L + 1 1^T / n`` with ``L`` as :func:`laplacian` (off-diagonal row sums on the
+    diagonal), built in four passes: ``M = 1/n - offdiag(A)``, then ``M_ii += sum_{j != i} A_ij``."""
+    n = A.shape[-1]
+    eye = torch.eye(n, dtype=torch.bool, device=A.device)
+    off = A.masked_fill(eye, 0.0)  # (..., n, n)
+    M = (1.0 / n) - off  # every entry of L + J/n off the diagonal; 1/n on it
+    M.diagonal(dim1=-2, dim2=-1).add_(off.sum(-1))
+    return M
+
+
 def _lu_parts(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """LU of ``M (..., n, n)``: ``(LU, pivots, sign det, log|det|, numerically singular)``."""
     n = M.shape[-1]
@@ -203,7 +214,7 @@ def lu_cofactors(A: Tensor) -> CofactorResult:
         A: ``(..., n, n)`` row-stochastic (not validated here).
     """
     n = A.shape[-1]
-    M = laplacian(A) + 1.0 / n  # L + 1 w^T with w = 1/n: every entry shifted by 1/n
+    M = _shifted_laplacian(A)  # M = L + 1 w^T with w = 1/n
     LU, piv, sign, logabsdet, singular = _lu_parts(M)
     if bool(singular.any()):  # refactorise with the singular ones replaced (rare)
         eye = torch.eye(n, dtype=A.dtype, device=A.device)

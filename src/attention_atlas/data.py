@@ -66,6 +66,14 @@ _TOWNIE = (
     "https://raw.githubusercontent.com/townie/PTB-dataset-from-Tomas-Mikolov-s-webpage/"
     "06529ac968955ffc29a4668d68b93dadcfe55f2e/data"
 )
+_DIOGO = (
+    "https://raw.githubusercontent.com/diogo149/datasets/"
+    "7fb24a9df276c6c09096334b2962b4b1a16e668c/penn_treebank"
+)
+_WIKI_ALT = (
+    "https://raw.githubusercontent.com/pimondontknow/Privacy_FL_IoT/"
+    "264c203c2bb4f6af352e797e4290eef84e9bb906/data/wikitext-2"
+)
 _PYEX = (
     "https://raw.githubusercontent.com/pytorch/examples/"
     "77f55b912142e11fcfdf5b530231fb9c52f181e8/word_language_model/data/wikitext-2"
@@ -93,42 +101,54 @@ FILES: dict[str, FileSpec] = {
     "ptb-char/ptb.char.valid.txt": FileSpec(
         "21661f63ec355085879458b6524644d4add5573541b4be14fb52ab2e2e995eb8",
         786_084,
-        (f"{_TOWNIE}/ptb.char.valid.txt",),
+        (f"{_TOWNIE}/ptb.char.valid.txt", f"{_DIOGO}/ptb.char.valid.txt"),
     ),
     "ptb-char/ptb.char.test.txt": FileSpec(
         "1ef5607ac3c463b16e38bfe7900dd3bfc91de5a96e0f21e7eab5188b465b8ebe",
         884_846,
-        (f"{_TOWNIE}/ptb.char.test.txt",),
+        (f"{_TOWNIE}/ptb.char.test.txt", f"{_DIOGO}/ptb.char.test.txt"),
     ),
     "ptb-word/ptb.train.txt": FileSpec(
         "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
         5_101_618,
-        (f"{_WOJ}/ptb.train.txt", f"{_TOWNIE}/ptb.train.txt"),
+        (
+            f"{_WOJ}/ptb.train.txt",
+            f"{_TOWNIE}/ptb.train.txt",
+            f"{_DIOGO}/ptb.train.txt",
+        ),
     ),
     "ptb-word/ptb.valid.txt": FileSpec(
         "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
         399_782,
-        (f"{_WOJ}/ptb.valid.txt", f"{_TOWNIE}/ptb.valid.txt"),
+        (
+            f"{_WOJ}/ptb.valid.txt",
+            f"{_TOWNIE}/ptb.valid.txt",
+            f"{_DIOGO}/ptb.valid.txt",
+        ),
     ),
     "ptb-word/ptb.test.txt": FileSpec(
         "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
         449_945,
-        (f"{_WOJ}/ptb.test.txt", f"{_TOWNIE}/ptb.test.txt"),
+        (
+            f"{_WOJ}/ptb.test.txt",
+            f"{_TOWNIE}/ptb.test.txt",
+            f"{_DIOGO}/ptb.test.txt",
+        ),
     ),
     "wikitext-2/train.txt": FileSpec(
         "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
         10_797_148,
-        (f"{_PYEX}/train.txt",),
+        (f"{_PYEX}/train.txt", f"{_WIKI_ALT}/wiki.train.tokens"),
     ),
     "wikitext-2/valid.txt": FileSpec(
         "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
         1_121_681,
-        (f"{_PYEX}/valid.txt",),
+        (f"{_PYEX}/valid.txt", f"{_WIKI_ALT}/wiki.valid.tokens"),
     ),
     "wikitext-2/test.txt": FileSpec(
         "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0",
         1_256_449,
-        (f"{_PYEX}/test.txt",),
+        (f"{_PYEX}/test.txt", f"{_WIKI_ALT}/wiki.test.tokens"),
     ),
 }
 
@@ -183,14 +203,18 @@ def _verify(path: Path, name: str) -> None:
     _VERIFIED[key] = True
 
 
-def _download(url: str, dest: Path, timeout: float) -> None:
-    """Download ``url`` to ``dest`` atomically (temporary file + rename)."""
+def _download(url: str, dest: Path, timeout: float, sha256: str) -> None:
+    """Download ``url`` to ``dest`` atomically (temporary file, sha256 check, rename)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     try:
+        h = hashlib.sha256()
         with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as r:
             while chunk := r.read(1 << 20):
                 f.write(chunk)
+                h.update(chunk)
+        if h.hexdigest() != sha256:
+            raise OSError(f"downloaded bytes have sha256 {h.hexdigest()}, expected {sha256}")
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
@@ -230,7 +254,7 @@ def _fetch(name: str, root: Path, download: bool, timeout: float) -> list[str]:
         return ["downloads are switched off (download=False)"]
     for url in spec.urls:
         try:
-            _download(url, dest, timeout)
+            _download(url, dest, timeout, spec.sha256)
             return []
         except OSError as err:
             errors.append(f"{url}: {err}")

@@ -31,12 +31,11 @@ diagnostics=[{"name": "fiber_bundle"}]), data)`` trains it (the config's ``build
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -45,22 +44,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention.dot import masked_softmax
 from .attention.base import AttentionResult, combine_masks, count_nonfinite, register_attention
+from .attention.dot import masked_softmax
 from .attention.riemannian import (
     RiemannianAttention,
     TorsionNet,
-    anti_flatness_loss,
-    curvature_smoothness_loss,
     geodesic_attention,
-    geodesic_attention_reference,
-    metric_cap_loss,
-    metric_diversity_loss,
     torsion_apply,
     torsion_dense,
     transport_dense,
 )
-from .linalg import effective_rank, metric_inverse_apply
+from .linalg import effective_rank, metric_inverse_apply, sym_pack_gram
 from .models import Block, ModelConfig, ModelOutput, Transformer, attention_modules
 from .train import register_diagnostic, register_regularizer
 
@@ -103,7 +97,9 @@ def geodesic_distance_sq(q: Tensor, k: Tensor, U: Tensor) -> Tensor:
     h = (flat @ q.transpose(-1, -2)).view(*batch, seq, r, seq)  # [j, :, i] = U_j^T q_i
     term_i = (uq.unsqueeze(-1) - g).pow(2).sum(-2)  # (..., Li, Lj)
     term_j = (h - uk.unsqueeze(-1)).pow(2).sum(-2).transpose(-1, -2)  # (..., Lj, Li) -> (Li, Lj)
-    euc = (q * q).sum(-1).unsqueeze(-1) + (k * k).sum(-1).unsqueeze(-2) - 2 * q @ k.transpose(-1, -2)
+    euc = (
+        (q * q).sum(-1).unsqueeze(-1) + (k * k).sum(-1).unsqueeze(-2) - 2 * q @ k.transpose(-1, -2)
+    )
     return euc + 0.5 * term_i + 0.5 * term_j
 
 
@@ -133,10 +129,18 @@ class FiberBundleAttention(RiemannianAttention):
         **kwargs: Any,
     ) -> None:
         method = kwargs.pop("method", "decomposed")
-        super().__init__(dim, n_heads, torsion_rank=0, method="auto" if method == "decomposed" else method, **kwargs)
+        super().__init__(
+            dim,
+            n_heads,
+            torsion_rank=0,
+            method="auto" if method == "decomposed" else method,
+            **kwargs,
+        )
         self.method = method
         self.use_metric, self.use_geodesic = bool(metric), bool(geodesic)
-        self.torsion = TorsionNet(dim, n_heads, self.head_dim, torsion_rank) if torsion_rank > 0 else None
+        self.torsion = (
+            TorsionNet(dim, n_heads, self.head_dim, torsion_rank) if torsion_rank > 0 else None
+        )
         self.torsion_gate = nn.Parameter(torch.tensor(-3.0)) if torsion_rank > 0 else None
 
     def metric_factor(self, x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -165,20 +169,15 @@ class FiberBundleAttention(RiemannianAttention):
         probs = None
         if self.method == "decomposed" or need_weights:
             logits = self.scores(q, k, U_s, omega_s)  # (B, H, L, L)
-            keep = combine_masks(q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device)
+            keep = combine_masks(
+                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
+            )
             probs = masked_softmax(logits, keep)
             out = probs @ v  # (B, H, L, d)
             if need_weights:
                 diagnostics["nonfinite_logits"] = count_nonfinite(logits, keep)
             else:
                 probs = None
-        elif need_weights:
-            out, probs, logits = geodesic_attention_reference(
-                q, k, v, U_s, self.tau, causal, mask=mask, curvature=omega_s,
-                alpha=self.alpha, baseline=self.baseline,  # type: ignore[arg-type]
-            )  # fmt: skip
-            keep = combine_masks(q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device)
-            diagnostics["nonfinite_logits"] = count_nonfinite(logits, keep)
         else:
             out = geodesic_attention(
                 q, k, v, U_s, self.tau, causal, mask=mask, curvature=omega_s, alpha=self.alpha,
@@ -210,9 +209,14 @@ class FiberBundleAttention(RiemannianAttention):
         if self.baseline == "dot":
             base = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         else:
-            base = -(
-                (q * q).sum(-1).unsqueeze(-1) + (k * k).sum(-1).unsqueeze(-2) - 2 * q @ k.transpose(-1, -2)
-            ) / self.tau
+            base = (
+                -(
+                    (q * q).sum(-1).unsqueeze(-1)
+                    + (k * k).sum(-1).unsqueeze(-2)
+                    - 2 * q @ k.transpose(-1, -2)
+                )
+                / self.tau
+            )
         return base + self.alpha * (s - base)
 
     def extra_repr(self) -> str:
@@ -232,7 +236,9 @@ class FiberBundleConfig(ModelConfig):
     rank: int = 4  # metric rank r (U_t is d x r per head)
     tau: float | None = None  # temperature (default sqrt(2 d), equal to dot-product scale at U = 0)
     alpha: float = 1.0  # hybrid blending, eq. (27): 0 = baseline only, 1 = fully Riemannian
-    blend_baseline: str = "distance"  # "distance" (Section 5.8 remark) or "dot" (eq. (27) as printed)
+    blend_baseline: str = (
+        "distance"  # "distance" (Section 5.8 remark) or "dot" (eq. (27) as printed)
+    )
     metric_expansion: float = 1.0  # MetricNet hidden width m * D
     metric_init_std: float = 0.02  # MetricNet last-layer scale: U ~ 0 at initialisation
     transport_rank: int = 2  # rank of the transport factors A_t, B_t (Phase D)
@@ -248,9 +254,13 @@ class FiberBundleConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         if self.transport_kind not in ("linear", "cayley"):
-            raise ValueError(f"transport_kind must be 'linear' or 'cayley', got {self.transport_kind!r}")
+            raise ValueError(
+                f"transport_kind must be 'linear' or 'cayley', got {self.transport_kind!r}"
+            )
         if self.blend_baseline not in ("distance", "dot"):
-            raise ValueError(f"blend_baseline must be 'distance' or 'dot', got {self.blend_baseline!r}")
+            raise ValueError(
+                f"blend_baseline must be 'distance' or 'dot', got {self.blend_baseline!r}"
+            )
         self.attention = "fiber_bundle"
         self.layers = None
         self.attention_options = {
@@ -301,7 +311,9 @@ class FiberBundleBlock(nn.Module):
             U = res.extras["metric_factor"]  # (B, H, L, d, r)
             b, h, seq, d, _ = U.shape
             if h * d != m.shape[-1]:
-                raise ValueError(f"Phase E needs n_heads * head_dim = dim, got {h} * {d} != {m.shape[-1]}")
+                raise ValueError(
+                    f"Phase E needs n_heads * head_dim = dim, got {h} * {d} != {m.shape[-1]}"
+                )
             Ut = U.permute(0, 2, 1, 3, 4)  # (B, L, H, d, r)
             m = metric_inverse_apply(Ut, m.view(b, seq, h, d)).reshape(b, seq, h * d)
         return x + m, res
@@ -314,9 +326,13 @@ class FiberBundleTransformer(Transformer):
     optimiser steps under :func:`attention_atlas.train.train`; the regulariser schedule reads it.
     """
 
+    train_step: Tensor
+
     def __init__(self, cfg: FiberBundleConfig) -> None:
         if not isinstance(cfg, FiberBundleConfig):
-            raise TypeError(f"FiberBundleTransformer needs a FiberBundleConfig, got {type(cfg).__name__}")
+            raise TypeError(
+                f"FiberBundleTransformer needs a FiberBundleConfig, got {type(cfg).__name__}"
+            )
         super().__init__(cfg)
         self.blocks = nn.ModuleList([FiberBundleBlock(b, cfg.phase_e) for b in self.blocks])  # type: ignore[arg-type]
         self.register_buffer("train_step", torch.zeros((), dtype=torch.int64))
@@ -325,7 +341,7 @@ class FiberBundleTransformer(Transformer):
         self, inputs: Tensor, *, need_weights: bool = False, mask: Tensor | None = None
     ) -> ModelOutput:
         if self.training and torch.is_grad_enabled():
-            self.train_step += 1
+            self.train_step.add_(1)
         return super().forward(inputs, need_weights=need_weights, mask=mask)
 
 
@@ -416,19 +432,36 @@ class RegularizerSchedule:
         }
 
 
-def regularizer_terms(
-    U: Tensor, *, kappa_min: float, kappa_max: float, n_pairs: int = 256, seed: int | None = None
-) -> dict[str, Tensor]:
-    """The raw terms for one layer's ``U (B, H, L, d, r)``: ``anti`` (eq. (31)), ``div``
-    (eq. (32), on ``n_pairs`` sampled position pairs per sequence and head), ``smooth``
-    (eq. (33)), ``cap`` (eq. (34)) and ``l2`` (``mean_t |U_t|_F^2``)."""
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+def regularizer_terms(U: Tensor, *, kappa_min: float, kappa_max: float) -> dict[str, Tensor]:
+    """The raw Section 6.4 terms for one layer's ``U (B, H, L, d, r)``, all from one Gram matrix.
+
+    ``S_ij = |U_i^T U_j|_F^2 = <A_i, A_j>_F`` (``A_t = U_t U_t^T``) for every pair of positions is
+    one product of the Frobenius-isometric packings :func:`attention_atlas.linalg.sym_pack_gram`
+    (``d (d + 1) / 2`` numbers per token) per sequence and head; then
+    ``|A_i - A_j|_F^2 = S_ii - 2 S_ij + S_jj`` (the identity of Section 6.4). Returns ``anti`` (eq. (31)),
+    ``div`` (eq. (32) over all ordered pairs ``i != j`` of a sequence), ``smooth`` (eq. (33)),
+    ``cap`` (eq. (34)) and ``l2`` (``mean_t |U_t|_F^2``). Equal to
+    :func:`~attention_atlas.attention.riemannian.anti_flatness_loss`,
+    :func:`~attention_atlas.attention.riemannian.metric_diversity_loss` (all pairs),
+    :func:`~attention_atlas.attention.riemannian.curvature_smoothness_loss` and
+    :func:`~attention_atlas.attention.riemannian.metric_cap_loss` (tested), but one batched
+    product instead of one tiny product per pair, which on CPU was most of a training step.
+    """
+    seq = U.shape[-3]
+    if seq < 2:
+        raise ValueError(f"the metric regularisers need at least 2 positions, got L={seq}")
+    packed = sym_pack_gram(U)  # (..., L, d(d+1)/2)
+    S = packed @ packed.transpose(-1, -2)  # (..., L, L): S_ij = |U_i^T U_j|_F^2
+    self_sq = S.diagonal(dim1=-2, dim2=-1)  # (..., L)
+    dist = self_sq.unsqueeze(-1) + self_sq.unsqueeze(-2) - 2 * S  # |A_i - A_j|_F^2
+    kappa = (U * U).sum((-1, -2))  # (..., L)
+    adjacent = dist.diagonal(offset=1, dim1=-2, dim2=-1)  # (..., L-1)
     return {
-        "anti": anti_flatness_loss(U, kappa_min),
-        "div": metric_diversity_loss(U, n_pairs=n_pairs, generator=gen),
-        "smooth": curvature_smoothness_loss(U),
-        "cap": metric_cap_loss(U, kappa_max),
-        "l2": (U * U).sum((-1, -2)).mean(),
+        "anti": F.relu(kappa_min - kappa).mean(),
+        "div": -(dist.sum((-1, -2)) / (seq * (seq - 1))).mean(),  # the diagonal of dist is 0
+        "smooth": adjacent.mean(),
+        "cap": F.relu(kappa - kappa_max).mean(),
+        "l2": kappa.mean(),
     }
 
 
@@ -449,7 +482,6 @@ def fiber_bundle_regularizer(
     relax_start: float = 0.3,
     relax_end: float = 0.7,
     relax_to: float = 0.1,
-    n_pairs: int = 256,
 ) -> Tensor:
     """Scheduled sum of the Section 6.4 terms over layers (mean over layers); the step is the
     model's ``train_step`` (see :class:`FiberBundleTransformer`)."""
@@ -461,13 +493,20 @@ def fiber_bundle_regularizer(
         return output.logits.new_zeros(())
     total = output.logits.new_zeros(())
     for U in Us:
-        terms = regularizer_terms(U, kappa_min=kappa_min, kappa_max=kappa_max, n_pairs=n_pairs)
-        total = total + sum((w[k] * v for k, v in terms.items() if w[k] != 0.0), output.logits.new_zeros(()))
+        terms = regularizer_terms(U, kappa_min=kappa_min, kappa_max=kappa_max)
+        total = total + sum(
+            (w[k] * v for k, v in terms.items() if w[k] != 0.0), output.logits.new_zeros(())
+        )
     return total / len(Us)
 
 
 def fiber_bundle_regularizers(
-    kind: str, *, steps: int, kappa_min: float, kappa_max: float, weights: dict[str, float] | None = None,
+    kind: str,
+    *,
+    steps: int,
+    kappa_min: float,
+    kappa_max: float,
+    weights: dict[str, float] | None = None,
     **schedule: float,
 ) -> list[dict[str, Any]]:
     """``TrainConfig.regularizers`` for the three settings of prediction P3.
@@ -549,7 +588,7 @@ def fiber_bundle_diagnostic(
             U = ex["metric_factor"]
             for k, v in kappa_statistics(U).items():
                 row[p + k] = v
-            terms = regularizer_terms(U.detach(), kappa_min=kappa_min, kappa_max=kappa_max, seed=0)
+            terms = regularizer_terms(U.detach(), kappa_min=kappa_min, kappa_max=kappa_max)
             row.update({p + k: float(v) for k, v in terms.items()})
             if i < len(mods):
                 row[p + "kappa_max_over_tau_L"] = row[p + "kappa_max"] / (mods[i].tau / U.shape[-3])
@@ -558,17 +597,19 @@ def fiber_bundle_diagnostic(
             row.update({p + "omega_mean": float(om.mean()), p + "omega_max": float(om.amax()),
                         p + "omega_std": float(om.std())})  # fmt: skip
         if "transport_a" in ex:
-            row.update({p + k: v for k, v in isometry_errors(ex["transport_a"], ex["transport_b"]).items()})
+            row.update(
+                {p + k: v for k, v in isometry_errors(ex["transport_a"], ex["transport_b"]).items()}
+            )
         if res.probs is not None:
             row[p + "sigma2"] = attention_sigma2(res.probs)
         if i < len(mods):
             m = mods[i]
             if m.projection is not None:
-                row[p + "gamma"] = float(torch.sigmoid(m.projection.gamma_param))
+                row[p + "gamma"] = float(torch.sigmoid(m.projection.gamma_param.detach()))
             if m.torsion_gate is not None:
-                row[p + "gamma_T"] = float(torch.sigmoid(m.torsion_gate))
+                row[p + "gamma_T"] = float(torch.sigmoid(m.torsion_gate.detach()))
             if m.curvature is not None:
-                row[p + "beta_scale"] = float(F.softplus(m.curvature.beta))
+                row[p + "beta_scale"] = float(F.softplus(m.curvature.beta.detach()))
     if mods:
         row["alpha"] = float(mods[0].alpha)
     return row
@@ -577,7 +618,13 @@ def fiber_bundle_diagnostic(
 def char_classes(itos: list[str]) -> dict[str, list[int]]:
     """Token ids of char-PTB by type: ``letter`` (a-z), ``space`` (``_``), ``newline``,
     ``digit_or_N`` (digits and the number token ``N``), ``punct`` (everything else)."""
-    out: dict[str, list[int]] = {"letter": [], "space": [], "newline": [], "digit_or_N": [], "punct": []}
+    out: dict[str, list[int]] = {
+        "letter": [],
+        "space": [],
+        "newline": [],
+        "digit_or_N": [],
+        "punct": [],
+    }
     for i, s in enumerate(itos):
         if len(s) == 1 and "a" <= s <= "z":
             out["letter"].append(i)
@@ -599,8 +646,8 @@ def token_types(x: Tensor, itos: list[str]) -> Tensor:
     the window's first position is then excluded, code -1)."""
     cls = char_classes(itos)
     lut = torch.full((len(itos),), 5, dtype=torch.int64)
-    for name, code in (("letter", 1), ("space", 2), ("newline", 3), ("digit_or_N", 4)):
-        lut[cls[name]] = code
+    for name, c in (("letter", 1), ("space", 2), ("newline", 3), ("digit_or_N", 4)):
+        lut[cls[name]] = c
     code = lut[x.cpu()]
     prev = torch.full_like(code, -1)
     prev[:, 1:] = code[:, :-1]
@@ -725,11 +772,11 @@ def chapter_grid(
     batch_size: int = 8,
     lr: float = 3e-3,
     log_every: int = 25,
-    ranks: list[int] | None = None,
-    alphas: list[float] | None = None,
-    kappa_factors: list[float] | None = None,
+    ranks: Sequence[int] = (1, 2, 4, 8),
+    alphas: Sequence[float] = (0.0, 0.5, 1.0),
+    kappa_factors: Sequence[float] = (0.1, 1.0, 10.0),
     default_kappa_factor: float = 1.0,
-    eval_alphas: list[float] | None = None,
+    eval_alphas: Sequence[float] = (0.0, 0.5, 1.0),
     analyse_seqs: int = 32,
     final_eval_batches: int = 8,
     reg_weights: dict[str, float] | None = None,
@@ -744,10 +791,7 @@ def chapter_grid(
     thing each: ``fbt_reg-none``, ``fbt_reg-l2`` (P3), ``fbt_alpha-<a>`` (P2), ``fbt_rank-<r>``
     (P6), ``fbt_kappa-<c>`` (P1), and with ``ablations`` ``fbt_no-<phase>`` (each phase off alone).
     """
-    ranks = ranks if ranks is not None else [1, 2, 4, 8]
-    alphas = alphas if alphas is not None else [0.0, 0.5, 1.0]
-    kappa_factors = kappa_factors if kappa_factors is not None else [0.1, 1.0, 10.0]
-    eval_alphas = eval_alphas if eval_alphas is not None else [0.0, 0.5, 1.0]
+    eval_alphas = [float(a) for a in eval_alphas]
     scale = kappa_scale(dim, n_heads, seq_len)
     train = {
         "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr,
@@ -756,8 +800,15 @@ def chapter_grid(
     }  # fmt: skip
     model = {"dim": dim, "n_layers": n_layers, "n_heads": n_heads, "max_len": seq_len}
 
-    def fbt(rank: int = 4, alpha: float = 1.0, reg: str = "three", factor: float = default_kappa_factor,
-            evals: list[float] | None = None, keep_tokens: bool = False, **phases: Any) -> dict[str, Any]:
+    def fbt(
+        rank: int = 4,
+        alpha: float = 1.0,
+        reg: str = "three",
+        factor: float = default_kappa_factor,
+        evals: list[float] | None = None,
+        keep_tokens: bool = False,
+        **phases: Any,
+    ) -> dict[str, Any]:
         return {
             "kind": "fbt", "model": {**model, "rank": rank, "alpha": alpha, **phases}, "train": train,
             "reg": {"kind": reg, "kappa_max": factor * scale, "kappa_min": 0.5 * factor * scale,
@@ -783,7 +834,8 @@ def chapter_grid(
             grid[f"fbt_kappa-{c:g}"] = fbt(factor=c)
     if ablations:
         for ph in PHASES:
-            grid[f"fbt_no-{ph}"] = fbt(**{f"phase_{ph}": False})
+            off: dict[str, Any] = {f"phase_{ph}": False}
+            grid[f"fbt_no-{ph}"] = fbt(**off)
         grid["fbt_cayley"] = fbt(transport_kind="cayley")
     return grid
 
@@ -801,7 +853,9 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
 
     data = load_char_ptb()
     is_fbt = params["kind"] == "fbt"
-    mcfg: ModelConfig = FiberBundleConfig(**params["model"]) if is_fbt else ModelConfig(**params["model"])
+    mcfg: ModelConfig = (
+        FiberBundleConfig(**params["model"]) if is_fbt else ModelConfig(**params["model"])
+    )
     tp = dict(params["train"])
     regs: list[dict[str, Any]] = []
     diags: list[dict[str, Any]] = []
@@ -811,7 +865,9 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
             reg["kind"], steps=tp["steps"], kappa_min=reg["kappa_min"], kappa_max=reg["kappa_max"],
             weights=_scaled_weights(reg.get("weights", {}), reg["kappa_max"]),
         )  # fmt: skip
-        diags = [{"name": "fiber_bundle", "kappa_min": reg["kappa_min"], "kappa_max": reg["kappa_max"]}]
+        diags = [
+            {"name": "fiber_bundle", "kappa_min": reg["kappa_min"], "kappa_max": reg["kappa_max"]}
+        ]
     tcfg = TrainConfig(**tp, seed=seed, progress=False, measure_flops=False, regularizers=regs,
                        diagnostics=diags)  # fmt: skip
     t0 = time.perf_counter()
@@ -841,7 +897,9 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def _initial_metric_strength(mcfg: ModelConfig, data: Any, seed: int, seq_len: int) -> dict[str, float]:
+def _initial_metric_strength(
+    mcfg: ModelConfig, data: Any, seed: int, seq_len: int
+) -> dict[str, float]:
     """``kappa_init_<l>``: mean ``|U_t|_F^2`` of each layer at initialisation (the same initial
     weights as the training run: same seed, same construction order), on 8 validation windows."""
     from .data import eval_windows
@@ -852,7 +910,10 @@ def _initial_metric_strength(mcfg: ModelConfig, data: Any, seed: int, seq_len: i
     model = cfg.build().eval()
     x, _ = next(eval_windows(data.valid, 8, seq_len))
     out = model(x)
-    return {f"kappa_init_{i + 1}": float((U**2).sum((-1, -2)).mean()) for i, U in enumerate(metric_factors(out))}
+    return {
+        f"kappa_init_{i + 1}": float((U**2).sum((-1, -2)).mean())
+        for i, U in enumerate(metric_factors(out))
+    }
 
 
 def _scaled_weights(weights: dict[str, float], kappa_max: float) -> dict[str, float]:

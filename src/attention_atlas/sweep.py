@@ -27,7 +27,16 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["EXPERIMENTS", "Cell", "add_subcommand", "cell_key", "load_results", "make_cells", "run_sweep"]
+__all__ = [
+    "EXPERIMENTS",
+    "Cell",
+    "add_subcommand",
+    "cell_key",
+    "load_cell",
+    "load_results",
+    "make_cells",
+    "run_sweep",
+]
 
 #: experiment name -> module with ``PRESETS`` (name -> grid keyword arguments),
 #: ``chapter_grid(**kwargs) -> {config: params}`` and ``run_cell(params, seed) -> metrics``
@@ -66,7 +75,17 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load_results(out_dir: str | os.PathLike[str], cells: Iterable[Cell] | None = None) -> pd.DataFrame:
+def load_cell(out_dir: str | os.PathLike[str], cell: Cell) -> dict[str, Any]:
+    """The full JSON record of a finished cell (metrics, and any dicts or lists it stored)."""
+    path = Path(out_dir) / "cells" / f"{cell_key(cell)}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"cell {cell.config} seed={cell.seed} is not finished: no {path}")
+    return dict(json.loads(path.read_text()))
+
+
+def load_results(
+    out_dir: str | os.PathLike[str], cells: Iterable[Cell] | None = None
+) -> pd.DataFrame:
     """Finished cells as a DataFrame (one row each; scalar metrics only).
 
     With ``cells``, only those cells (in that order, missing ones skipped); else every JSON
@@ -186,9 +205,13 @@ def add_subcommand(subparsers: Any) -> None:
         ),
     )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which experiment grid")
-    p.add_argument("--preset", default="book", help="named parameter set of the grid (book, smoke, long)")
+    p.add_argument(
+        "--preset", default="book", help="named parameter set of the grid (book, smoke, long)"
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
-    p.add_argument("--out", default=None, help="output folder (default artifacts/<experiment>/<preset>)")
+    p.add_argument(
+        "--out", default=None, help="output folder (default artifacts/<experiment>/<preset>)"
+    )
     p.add_argument("--only", nargs="+", default=None, help="run only these configurations")
     p.add_argument(
         "-p", "--param", dest="params", action="append", default=[], metavar="KEY=VALUE",

@@ -89,6 +89,7 @@ __all__ = [
     "metric_preconditioned_update",
     "metric_statistics",
     "pairwise_metric",
+    "pure_attention_stack",
     "token_metric",
     "torsion_apply",
     "torsion_dense",
@@ -898,6 +899,75 @@ def metric_statistics(U: Tensor) -> dict[str, Tensor]:
         "metric_kappa_var": kappa.var(-1, unbiased=False).mean(),
         "metric_kappa_max": kappa.amax(),
     }
+
+
+# ----------------------------------------------------------------------------------------
+# pure attention stacks (Dong, Cordonnier and Loukas 2021) with Riemannian scores
+# ----------------------------------------------------------------------------------------
+
+StackScore = Literal["dot", "euclidean", "homogeneous", "heterogeneous"]
+
+
+def pure_attention_stack(
+    h0: Tensor,
+    depth: int,
+    *,
+    score: StackScore = "dot",
+    rank: int = 4,
+    strength: float = 1.0,
+    tau: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Hidden states of a random pure self-attention stack ``H^{l+1} = A^l H^l W_V^l`` (eq. (1)):
+    no residual connections, no feed-forward layers, one head, fresh Gaussian weights per layer.
+
+    Args:
+        h0: ``(..., L, D)`` input tokens.
+        depth: number of layers.
+        score: ``"dot"`` (``q.k / sqrt(D)``, Dong et al.'s setting), ``"euclidean"``
+            (``-|q-k|^2 / tau``), ``"homogeneous"`` (one metric factor ``U`` per layer, shared
+            by every token: a global Mahalanobis distance) or ``"heterogeneous"`` (``U_t`` a
+            random linear function of the normalised token ``h_t / |h_t|``, as a MetricNet
+            would make it, eq. (19)).
+        rank: metric rank r.
+        strength: expected ``||U_t||_F^2`` (the paper's kappa) of the metric factors.
+        tau: temperature of the distance scores (default ``sqrt(2 D)``).
+        generator: for the random weights.
+
+    Returns:
+        ``(depth + 1, ..., L, D)``: the input and every layer's output.
+    """
+    if depth < 0:
+        raise ValueError(f"depth must be >= 0, got {depth}")
+    if score not in ("dot", "euclidean", "homogeneous", "heterogeneous"):
+        raise ValueError(
+            f"score must be 'dot', 'euclidean', 'homogeneous' or 'heterogeneous', got {score!r}"
+        )
+    dim = h0.shape[-1]
+    t = tau if tau is not None else math.sqrt(2 * dim)
+    kw = dict(generator=generator, dtype=h0.dtype, device="cpu")
+    scale = math.sqrt(strength / (dim * rank))
+    states = [h0]
+    h = h0
+    for _ in range(depth):
+        wq, wk, wv = (torch.randn(dim, dim, **kw).to(h0.device) / math.sqrt(dim) for _ in range(3))  # type: ignore[arg-type]
+        q, k, v = h @ wq, h @ wk, h @ wv
+        if score == "dot":
+            logits = q @ k.transpose(-1, -2) / math.sqrt(dim)
+        else:
+            if score == "euclidean":
+                U = torch.zeros(*h.shape, rank, dtype=h.dtype, device=h.device)
+            elif score == "homogeneous":
+                u = torch.randn(dim, rank, **kw).to(h0.device) * scale  # type: ignore[arg-type]
+                U = u.expand(*h.shape, rank)
+            else:
+                wu = torch.randn(dim * rank, dim, **kw).to(h0.device)  # type: ignore[arg-type]
+                hn = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+                U = (hn @ wu.T).reshape(*h.shape, rank) * scale
+            logits = geodesic_scores(q, k, U, t)
+        h = torch.softmax(logits, dim=-1) @ v
+        states.append(h)
+    return torch.stack(states)
 
 
 # ----------------------------------------------------------------------------------------

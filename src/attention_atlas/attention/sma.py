@@ -576,6 +576,21 @@ def _ssd_chunked(
     return y[:, :length], state
 
 
+def _ssd_chunked_blocks(
+    x: Tensor, log_a: Tensor, B: Tensor, C: Tensor, h0: Tensor, chunk_size: int, block_len: int
+) -> tuple[Tensor, Tensor]:
+    # 5. a long sequence goes through steps 0-4 in blocks of whole chunks, the state carried
+    #    from one block to the next: the same arithmetic, but the working set stays bounded
+    #    (it fits in cache), so the time per token does not grow with L
+    block = max(1, block_len // chunk_size) * chunk_size
+    ys, state = [], h0
+    for s in range(0, x.shape[1], block):
+        sl = slice(s, s + block)
+        y, state = _ssd_chunked(x[:, sl], log_a[:, sl], B[:, sl], C[:, sl], state, chunk_size)
+        ys.append(y)
+    return torch.cat(ys, dim=1), state
+
+
 @overload
 def ssd(
     x: Tensor,
@@ -587,6 +602,7 @@ def ssd(
     *,
     initial_state: Tensor | None = ...,
     return_final_state: Literal[False] = ...,
+    block_len: int = ...,
 ) -> Tensor: ...
 
 
@@ -601,6 +617,7 @@ def ssd(
     *,
     initial_state: Tensor | None = ...,
     return_final_state: Literal[True],
+    block_len: int = ...,
 ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -614,6 +631,7 @@ def ssd(
     *,
     initial_state: Tensor | None = None,
     return_final_state: bool = False,
+    block_len: int = 2048,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """State-space dual (Mamba-2 SSD) of Dao & Gu (2024):
 
@@ -634,6 +652,9 @@ def ssd(
         chunk_size: chunk length for ``"chunked"``; any sequence length works.
         initial_state: ``(batch, heads, head_dim, state_dim)``, the state before ``t = 0``.
         return_final_state: also return the state after the last step.
+        block_len: ``"chunked"`` runs at most this many tokens (rounded down to whole chunks,
+            at least one) at a time, carrying the state between blocks; the result is the
+            same, the memory is bounded and the time stays linear in L beyond the cache size.
 
     Returns:
         ``y`` shaped like ``x``, or ``(y, final_state)``.
@@ -643,6 +664,8 @@ def ssd(
         raise ValueError(f"ssd: method must be one of {SSD_METHODS}, got {method!r}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"ssd: chunk_size must be a positive int, got {chunk_size!r}")
+    if not isinstance(block_len, int) or block_len < 1:
+        raise ValueError(f"ssd: block_len must be a positive int, got {block_len!r}")
     b, _, h, p = x.shape
     n = B.shape[-1]
     if initial_state is not None and _shape(initial_state) != (b, h, p, n):
@@ -663,7 +686,7 @@ def ssd(
         y, final = _ssd_quadratic(x, log_a, B, C, h0)
     else:
         assert h0 is not None
-        y, final = _ssd_chunked(x, log_a, B, C, h0, chunk_size)
+        y, final = _ssd_chunked_blocks(x, log_a, B, C, h0, chunk_size, block_len)
     if return_final_state:
         assert final is not None
         return y, final
