@@ -41,9 +41,16 @@ pytest: $(STAMP) $(VENDOR_STAMP)
 
 test: lint typecheck pytest
 
+# Jupyter Book's execution cache keys on each chapter's own source; a change to the library
+# (src/) or to the lock must re-run the chapters too, so it empties the cache.
+CACHE_STAMP := _build/.cache-inputs-stamp
+$(CACHE_STAMP): $(shell find src -name '*.py' 2>/dev/null) requirements.lock
+	rm -rf _build/.jupyter_cache
+	mkdir -p _build && touch $@
+
 # every chapter executed with its book parameters (jupyter-cache: unchanged chapters are not
 # re-run), then the HTML; any failed cell or Sphinx warning fails the build
-book: $(STAMP) $(VENDOR_STAMP)
+book: $(STAMP) $(VENDOR_STAMP) $(CACHE_STAMP)
 	ATTENTION_ATLAS_HEADLESS=1 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "The book: file://$(abspath _build/html/index.html)"
 

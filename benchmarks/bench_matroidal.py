@@ -137,8 +137,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
-        "command": "python benchmarks/bench_matroidal.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+        "command": "python " + " ".join(sys.argv),
     }
     fwd = {"dot": dot_fwd, **{f"matroidal_m{m}": mat_fwd(m) for m in ms}}
     with torch.no_grad():

@@ -18,14 +18,19 @@ from pathlib import Path
 
 import torch
 
-from attention_atlas.attention.metric import euclidean_attention_explicit, squared_distance_attention
+from attention_atlas.attention.metric import (
+    euclidean_attention_explicit,
+    squared_distance_attention,
+)
 from attention_atlas.bench import bench_attention, compare, format_table
 
 
 def accuracy(length: int, causal: bool) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     shape = (1, 8, length, 16)
-    q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    q, k, v = (
+        torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)
+    )
     tau = (2 * 16) ** 0.5
     fast = squared_distance_attention(q, k, v, tau, causal=causal)
     ref = euclidean_attention_explicit(q, k, v, tau, causal=causal)[0]
@@ -33,7 +38,7 @@ def accuracy(length: int, causal: bool) -> dict[str, float]:
     gf = torch.autograd.grad((fast * w).sum(), (q, k, v))
     gr = torch.autograd.grad((ref * w).sum(), (q, k, v))
     return {
-        "max_abs_diff_out": float((fast - ref).abs().max()),
+        "max_abs_diff_out": float((fast - ref).detach().abs().max()),
         "max_abs_diff_grad": max(float((a - b).abs().max()) for a, b in zip(gf, gr)),
     }
 

@@ -45,7 +45,7 @@ def accuracy(L: int, causal: bool) -> dict[str, float]:
     for method in ("augmented", "sdpa", "lowrank"):
         fast = R.geodesic_attention(q, k, v, U, tau, causal, method=method)  # type: ignore[arg-type]
         gf = torch.autograd.grad((fast * w).sum(), (q, k, v, U))
-        out[f"{method}_max_abs_diff_out"] = float((fast - ref).abs().max())
+        out[f"{method}_max_abs_diff_out"] = float((fast - ref).detach().abs().max())
         out[f"{method}_max_abs_diff_grad"] = max(float((a - b).abs().max()) for a, b in zip(gf, gr))
     return out
 
@@ -96,7 +96,14 @@ def main() -> None:
                 "sdpa",
                 inputs(2, 8, L, d, r),
                 reps=args.reps,
-                meta={"batch": 2, "heads": 8, "length": L, "head_dim": d, "rank": r, "causal": causal},
+                meta={
+                    "batch": 2,
+                    "heads": 8,
+                    "length": L,
+                    "head_dim": d,
+                    "rank": r,
+                    "causal": causal,
+                },
             )
             print(format_table(res))
             out[f"vs_sdpa_causal={causal}"] = res
@@ -124,12 +131,14 @@ def main() -> None:
                 if name == "geodesic_lowrank":
                     continue
 
-                def step(f=f) -> None:
-                    f(q, k, v, U).sum().backward()
+                def step(f=f, args=(q, k, v, U)) -> None:
+                    f(*args).sum().backward()
 
                 row[name] = peak_memory(step, q.device)
             mem[str(length)] = row
-            print("peak memory (MiB) at L =", length, {n: round(b / 2**20, 1) for n, b in row.items()})
+            print(
+                "peak memory (MiB) at L =", length, {n: round(b / 2**20, 1) for n, b in row.items()}
+            )
             out["peak_memory_bytes_fwd_bwd_B1_H2"] = mem
             save()
             length *= 2

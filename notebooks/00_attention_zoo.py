@@ -154,7 +154,7 @@ for name in available_attention():
 
 table = pd.DataFrame(rows).set_index("variant")
 table = table.astype({"parameters": "Int64", "metric parameters": "Int64"})
-display(table)
+display(table.astype(object).where(table.notna(), "-"))
 
 # %% [markdown]
 # The checks: row sums, signs and the causal triangle, for every variant at once.
@@ -193,15 +193,13 @@ fig = make_subplots(rows=1, cols=2, subplot_titles=("non-causal", "causal"), hor
 groups = []
 for name in names:
     e = zoo[name]
+    shown = [e[key][0] for key in ("noncausal", "causal") if e[key] is not None]
+    top = float(max(np.nanmax(A) for A in shown))  # one scale for both panels of a variant
     idx = []
     for col, key in ((1, "noncausal"), (2, "causal")):
         A = e[key][0] if e[key] is not None else np.full((L, L), np.nan)
         style = (
-            {
-                "colorscale": "Viridis",
-                "zmin": 0.0,
-                "zmax": float(np.nanmax(A)) if e[key] is not None else 1.0,
-            }
+            {"colorscale": "Viridis", "zmin": 0.0, "zmax": top}
             if e["row_stochastic"]
             else {"colorscale": "RdBu", "zmid": 0.0}
         )

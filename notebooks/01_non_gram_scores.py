@@ -141,7 +141,9 @@ for d in dims:
             q, k, U = draw(L, d, 2, kind)
             rows.append({"d": d, "L": L, "kind": kind, "rank": rank(scores(q, k, U, kind))})
 ranks_df = pd.DataFrame(rows)
-ranks_df["expected"] = [min(L, expected[kind](d)) for L, kind, d in ranks_df[["L", "kind", "d"]].values]
+ranks_df["expected"] = [
+    min(L, expected[kind](d)) for L, kind, d in ranks_df[["L", "kind", "d"]].values
+]
 mismatch = ranks_df[ranks_df["rank"] != ranks_df["expected"]]
 assert mismatch.empty, f"ranks differ from min(L, expected):\n{mismatch}"
 print(f"{len(ranks_df)} score matrices, every rank equals min(L, expected rank of its kind)")
@@ -304,7 +306,9 @@ k_aug = torch.cat([2 * k @ torch.linalg.cholesky(G), -((k @ G) * k).sum(1, keepd
 row_const = -((q @ G) * q).sum(1, keepdim=True) / tau
 gram = q_aug @ k_aug.T / tau + row_const
 err = float((S - gram).abs().max() / S.abs().max())
-print(f"identical metrics: score = Gram of (d+1)-dimensional vectors + row constant, rel. error {err:.1e}")
+print(
+    f"identical metrics: score = Gram of (d+1)-dimensional vectors + row constant, rel. error {err:.1e}"
+)
 assert err < 1e-12
 assert rank(S) == d + 2 and rank(S - row_const) == d + 1
 
@@ -326,7 +330,6 @@ for causal in (False, True):
     if causal:
         assert float(A.triu(1).abs().max()) == 0.0
     print(f"causal={causal}: rows sum to 1 within {row_err:.1e}, min entry {float(A.min()):.1e}")
-print("numerical rank of A itself:", rank(A), "of", A.shape[0])
 
 # %% [markdown]
 # ## What this chapter shows

@@ -41,7 +41,7 @@ threads = 1  # torch CPU threads (1 is fastest on a shared 2-core machine)
 tu_dim = 5  # d of the exhaustive total-unimodularity checks
 check_dim = 9  # d of the fast-path checks: 4d is 36, d(d-1)/2, so every family reaches 4d
 check_len = 12  # sequence length of the fast-path checks
-bench_length = 512  # L of the in-chapter timing; the issue's run at L 1024 is in benchmarks/
+bench_length = 1024  # L of the in-chapter timing (the issue's shape: B 4, H 8, d 16)
 bench_repeats = 5
 datasets = ["digits", "ptb-char"]  # CIFAR-10 cannot be downloaded here (see the text)
 fractions = [0.01, 0.1, 1.0]  # training-set fractions of the low-data test
@@ -100,7 +100,6 @@ from attention_atlas.attention.dot import masked_softmax
 from attention_atlas.attention.metric import (
     CONTRAST_FAMILIES,
     GRAPH_FAMILIES,
-    MatroidalAttention,
     covector_matrix,
     graph_edges,
     is_signed_incidence,
@@ -112,7 +111,7 @@ from attention_atlas.attention.metric import (
     matroidal_metric,
 )
 from attention_atlas.data import load_char_ptb, load_digits_patches, subset
-from attention_atlas.models import ModelConfig, attention_modules, param_counts
+from attention_atlas.models import ModelConfig, attention_modules
 from attention_atlas.stats import mean_ci
 from attention_atlas.sweep import make_cells, run_sweep
 from attention_atlas.train import TrainConfig, evaluate, train
@@ -257,10 +256,11 @@ viz.markdown(
 # $\|y_i\|^2$ is constant along a softmax row,
 # $\mathrm{softmax}_j S_{ij} = \mathrm{softmax}_j\big((y_i\cdot y_j - \tfrac12\|y_j\|^2)/\tau\big)$
 # with $y = zR^\top$: a dot product plus a per-key bias. On the CPU the bias is passed to the
-# flash kernel as a broadcast $(B, H, 1, L)$ additive mask (head dimension stays $d$; an extra
-# column $d+1$ alone costs about 1.25x there), and the backward pass runs the flash backward on
-# the augmented vectors $[y, 1]\cdot[y, -\tfrac12\|y\|^2]$, which also returns the gradient of
-# the bias. The cost per token is one $d\times d$ map plus SDPA: it does not depend on $m$.
+# flash kernel as a broadcast $(B, H, 1, L)$ additive mask (head dimension stays $d$; the
+# textbook alternative, the augmented vectors $[y, 1]\cdot[y, -\tfrac12\|y\|^2]$, make the
+# head dimension $d + 1$, which the kernel pays for in full). The backward pass runs the flash
+# backward on those augmented vectors, which also returns the gradient of the bias. The cost
+# per token is one $d\times d$ map plus SDPA: it does not depend on $m$.
 #
 # Check: for every family and $m\in\{d,2d,4d\}$ (d = 9), causal and not, the fast path equals
 # the pseudocode in float64, and so do the gradients with respect to $z$, $v$ and $\theta$
@@ -291,8 +291,10 @@ viz.markdown(
 
 # %% [markdown]
 # **Cost.** A short timing at $L$ = `bench_length` (B = 4, H = 8, d = 16), interleaved with
-# SDPA; timings on this shared machine are noisy, so the issue's measurement at $L = 1024$
-# is a separate script whose JSON the chapter reads when it exists.
+# SDPA (medians of `bench_repeats` rounds; this machine is shared, so the ratios are noisy).
+# The issue's goal is at most 1.35x SDPA forward and 1.6x forward+backward for every $m$.
+# `benchmarks/bench_matroidal.py` repeats the measurement with more rounds, the pseudocode
+# reference and peak memory against $L$; the chapter shows its JSON when it exists.
 
 
 # %%
@@ -307,27 +309,33 @@ def timed(fn, repeats):
 
 
 B, H, d = 4, 8, head_dim
-zq = torch.randn(B, H, bench_length, d, requires_grad=True)
-kk = torch.randn(B, H, bench_length, d, requires_grad=True)
-vv = torch.randn(B, H, bench_length, d, requires_grad=True)
-fns = {"dot SDPA": lambda: F.scaled_dot_product_attention(zq, kk, vv).sum().backward()}
+zq, kk, vv = (torch.randn(B, H, bench_length, d, requires_grad=True) for _ in range(3))
+forward = {"dot SDPA": lambda: F.scaled_dot_product_attention(zq, kk, vv)}
 for k in m_multiples:
     A_b = covector_matrix("ring" if k == 1 else "ring_chords", d, k * d)
     th_b = torch.zeros(k * d, requires_grad=True)
-    fns[f"matroidal m={k}d"] = lambda A_b=A_b, th_b=th_b: (
-        matroidal_attention(zq, vv, A_b, th_b, eps, d**0.5 / 2).sum().backward()
+    forward[f"matroidal m={k}d"] = lambda A_b=A_b, th_b=th_b: matroidal_attention(
+        zq, vv, A_b, th_b, eps, d**0.5 / 2
     )
-samples = {n: [] for n in fns}
+fns = {(n, "forward"): f for n, f in forward.items()}
+fns.update(
+    {(n, "forward+backward"): (lambda f=f: f().sum().backward()) for n, f in forward.items()}
+)
+samples = {key: [] for key in fns}
 for f in fns.values():
     f()
 for _ in range(bench_repeats):
-    for n, f in fns.items():
-        samples[n] += timed(f, 1)
-base = statistics.median(samples["dot SDPA"])
+    for key, f in fns.items():
+        samples[key] += timed(f, 1)
+med = {key: statistics.median(t) for key, t in samples.items()}
 bench_here = pd.DataFrame(
     {
-        "forward+backward ms": {n: 1e3 * statistics.median(t) for n, t in samples.items()},
-        "ratio to SDPA": {n: statistics.median(t) / base for n, t in samples.items()},
+        f"{kind} ratio": {n: med[(n, kind)] / med[("dot SDPA", kind)] for n in forward}
+        for kind in ("forward", "forward+backward")
+    }
+    | {
+        f"{kind} ms": {n: 1e3 * med[(n, kind)] for n in forward}
+        for kind in ("forward", "forward+backward")
     }
 )
 bench_file = ROOT / "artifacts" / "bench_matroidal.json"
@@ -349,6 +357,18 @@ if bench_file.exists():
         "SDPA's forward time there."
     )
     display(bench_table)
+    mem = pd.DataFrame(bench["peak_bytes_forward_backward"]) / 2**20
+    mem.index = mem.index.astype(int)
+    mem.index.name = "L"
+    top = mem.sort_index().iloc[-2:]
+    growth = np.log(top.iloc[1] / top.iloc[0]) / np.log(top.index[1] / top.index[0])
+    assert (growth < 1.2).all(), f"memory grows faster than linearly in L: {growth.to_dict()}"
+    viz.markdown(
+        "Peak memory growth (MiB) of one forward+backward against $L$ (fresh process each): "
+        "both grow linearly in $L$; the pseudocode's $(L, L, m)$ tensor alone would take "
+        f"{4 * 8 * 1024**2 * 64 * 4 / 2**30:.0f} GiB in float32 at L = 1024, m = 64."
+    )
+    display(mem)
 else:
     viz.markdown(
         "No `artifacts/bench_matroidal.json` yet: run "
@@ -445,6 +465,15 @@ def run_cell(params: dict, seed: int) -> dict:
         "attn_flops_train": res.record["flops"]["train_step_attention_core"],
         "train_time_s": res.final["train_time_s"],
     }
+    mods = attention_modules(res.model)
+    with torch.no_grad():  # how far training moved the metric from its initial value
+        if params["attention"] == "matroidal":
+            w0 = head_dim / (2 * params["options"]["m"])
+            ratio = torch.cat([a.coefficients().flatten() for a in mods]) / w0
+            out["metric_drift"] = float((ratio - 1).abs().max())  # max |l_e / l_e(0) - 1|
+        elif params["attention"] == "mahalanobis":
+            eye = torch.eye(head_dim)
+            out["metric_drift"] = max(float((a.W - eye).abs().max()) for a in mods)
     if params["attention"] == "matroidal" and params.get("prune"):
         m = params["options"]["m"]
         w0 = head_dim / (2 * m)
@@ -646,83 +675,129 @@ for name, g in runs[runs.slice.isin(["m", "family"])].groupby("config", sort=Fal
             }
         )
 prune_table = pd.DataFrame(prows)
+viz.markdown(
+    "Pruning removes the columns whose weight is below $\\delta$: below the initial weight, "
+    "only columns that training pushed down; above it, every column that training did not "
+    "push up (with all columns gone, only the ridge $\\varepsilon I$ is left and the logits "
+    "are nearly uniform). Mean kept fraction and mean loss change, by $\\delta$ / initial "
+    "weight, over all pruned models: "
+    + "; ".join(
+        f"{rel}: kept {runs[f'pruned_kept@{rel}'].mean():.2f}, "
+        f"change {(runs[f'pruned_val_loss@{rel}'] - runs.val_loss).mean():+.3f} nats"
+        for rel in [c.split("@")[1] for c in prune_cols]
+    )
+    + "."
+)
 prune_table
 
 # %% [markdown]
 # ## 5. Verdict at this scale
 #
 # The seed's success criterion, cell by cell against the dense Mahalanobis baseline:
-# (a) validation loss equal or better (the matroidal mean is below the dense mean, or the two
-# 95% intervals overlap); (b) fewer metric parameters; (c) smoother training (a gradient-norm
-# coefficient of variation no larger than the dense one's, same criterion); (d) no loss of
-# stability (no non-finite logit or output in any run). The hypothesis also says the benefit
-# should be largest in the low-data regime.
+# (a) equal or better validation loss; (b) fewer metric parameters; (c) smoother training
+# (gradient-norm coefficient of variation after warm-up); (d) no loss of stability (no
+# non-finite logit or output). Runs with the same seed see the same data subset and batch
+# order, so each comparison uses the *paired* difference over seeds (matroidal minus dense)
+# with its 95% interval: "better" or "worse" when the interval excludes zero, "equal within
+# +-h" when it contains zero, where h is the interval's half-width (the resolution of the
+# test). The hypothesis also says the benefit should be largest in the low-data regime.
 
 
 # %%
-def not_worse(a, b) -> tuple[bool, float]:
-    """a no worse than b (lower is better): mean below, or 95% intervals overlap."""
-    ma, la, ha = mean_ci(np.asarray(a, float))
-    mb, lb, hb = mean_ci(np.asarray(b, float))
-    if ma <= mb:
-        return True, ma - mb
-    overlap = not (math.isnan(la) or math.isnan(hb)) and la <= hb
-    return overlap, ma - mb
+def paired(a: pd.DataFrame, b: pd.DataFrame, col: str) -> tuple[float, float, float]:
+    """Mean and 95% interval of a[col] - b[col] over the seeds both have."""
+    both = a[["seed", col]].merge(b[["seed", col]], on="seed", suffixes=("_a", "_b"))
+    return mean_ci((both[f"{col}_a"] - both[f"{col}_b"]).to_numpy())
+
+
+def call(mean: float, lo: float, hi: float) -> str:
+    """Lower is better for every quantity compared here."""
+    if math.isnan(lo):
+        return f"{mean:+.3f} (one seed)"
+    if hi < 0:
+        return f"better ({mean:+.3f})"
+    if lo > 0:
+        return f"worse ({mean:+.3f})"
+    return f"equal within +-{(hi - lo) / 2:.3f}"
 
 
 verdict_rows = []
 for (ds, frac), g in main.groupby(["dataset", "fraction"], sort=False):
     mat, den, dot = (g[g.attention == a] for a in ("matroidal", "mahalanobis", "dot"))
-    loss_ok, dloss = not_worse(mat.val_loss, den.val_loss)
-    smooth_ok, dcv = not_worse(mat.grad_norm_cv, den.grad_norm_cv)
-    stable = (mat.nonfinite_logits.sum() + mat.nonfinite_out.sum()) == 0
+    dl = paired(mat, den, "val_loss")
+    dc = paired(mat, den, "grad_norm_cv")
+    dd = paired(mat, dot, "val_loss")
+    stable = int(mat.nonfinite_logits.sum() + mat.nonfinite_out.sum()) == 0
     fewer = int(mat.params_metric.iloc[0]) < int(den.params_metric.iloc[0])
-    vs_dot, ddot = not_worse(mat.val_loss, dot.val_loss)
+    loss_call, cv_call = call(*dl), call(*dc)
+    fails = loss_call.startswith("worse") or cv_call.startswith("worse") or not stable
     verdict_rows.append(
         {
             "dataset": ds,
             "fraction": frac,
-            "loss: matroidal - dense": round(dloss, 4),
-            "(a) loss not worse": loss_ok,
-            "(b) fewer metric params": fewer,
-            "(c) smoother": smooth_ok,
-            "(d) stable": bool(stable),
-            "holds": loss_ok and fewer and smooth_ok and bool(stable),
-            "loss: matroidal - dot": round(ddot, 4),
+            "(a) loss vs dense": loss_call,
+            "(b) metric params": f"{int(mat.params_metric.iloc[0])} vs {int(den.params_metric.iloc[0])}",
+            "(c) grad-norm CV vs dense": cv_call,
+            "(d) stable": stable,
+            "criterion": "fails" if fails or not fewer else "holds",
+            "loss vs dot": call(*dd),
+            "_dloss": dl[0],
+            "_better": loss_call.startswith("better"),
+            "_half": (dl[2] - dl[1]) / 2 if not math.isnan(dl[1]) else math.nan,
         }
     )
 verdict = pd.DataFrame(verdict_rows)
-gap = verdict.groupby("fraction")["loss: matroidal - dense"].mean()
+assert (verdict["(b) metric params"].str.split(" vs ").map(lambda t: int(t[0]) < int(t[1]))).all()
+n_hold = int((verdict.criterion == "holds").sum())
+n_better = int(verdict._better.sum())
+gap = verdict.groupby("fraction")["_dloss"].mean()
 low, high = min(fractions), max(fractions)
-low_data_better = bool(gap.loc[low] < gap.loc[high]) if low != high else False
-n_hold = int(verdict.holds.sum())
-assert verdict["(b) fewer metric params"].all()
+drift = runs.groupby("attention").metric_drift.max()
 viz.markdown(
-    f"The criterion holds in **{n_hold} of {len(verdict)}** (data set, fraction) cells. "
-    f"Mean loss gap matroidal - dense: {gap.loc[low]:+.4f} nats at fraction {low:g}, "
-    f"{gap.loc[high]:+.4f} at {high:g}; the gap is "
-    f"{'smaller (more in favour of the matroidal metric)' if low_data_better else 'not smaller'} "
-    f"in the low-data regime. Runs: {len(runs)} ({len(cells)} distinct), "
-    f"{steps} steps each, {len(seeds)} seeds, sweep time {sweep_s:.0f} s."
+    f"The criterion holds in **{n_hold} of {len(verdict)}** (data set, fraction) cells, but the "
+    f"matroidal metric is detectably *better* than the dense one in **{n_better}**: in the "
+    'others "equal" means only that the difference is smaller than the test\'s resolution '
+    f"(median half-width {np.nanmedian(verdict._half):.3f} nats). Mean paired loss gap "
+    f"matroidal - dense: {gap.loc[low]:+.3f} nats at fraction {low:g} and "
+    f"{gap.loc[high]:+.3f} at {high:g}. Training moved the metrics little: the largest "
+    f"relative change of a matroidal weight $\\ell_e$ was {drift.get('matroidal', math.nan):.2f}, "
+    f"the largest change of a dense $W$ entry {drift.get('mahalanobis', math.nan):.2f}. "
+    f"Runs: {len(runs)} ({len(cells)} distinct), {steps} steps each, {len(seeds)} seeds, "
+    f"sweep time {sweep_s:.0f} s."
 )
-verdict
+verdict.drop(columns=[c for c in verdict.columns if c.startswith("_")])
 
 # %%
 n_bad = {
     a: int(g.nonfinite_logits.sum() + g.nonfinite_out.sum()) for a, g in runs.groupby("attention")
 }
 share = mat_p / int(params_table.loc["matroidal", "params_total"])
+failed = verdict[verdict.criterion == "fails"]
+low_better = verdict[(verdict.fraction == low) & verdict._better]
+if len(failed):
+    status = "contradicted in " + ", ".join(
+        f"{r.dataset} at {r.fraction:g}" for r in failed.itertuples()
+    )
+elif n_better == 0:
+    status = (
+        "neither supported nor contradicted: the structured metric matches the dense one "
+        "within the resolution of the test everywhere, with fewer metric parameters, and "
+        "shows no detectable advantage in the low-data regime"
+    )
+else:
+    status = f"supported in {n_better} cell(s) ({len(low_better)} of them at fraction {low:g})"
 viz.markdown(
-    f"**What this does and does not show.** At this scale (two layers, $D$ = {dim}, {steps} "
-    f"steps) the matroidal metric is {100 * share:.2f}% of the model's parameters, every "
-    "distance variant starts from the same metric scale, and short runs leave the learned "
-    "weights near their initial values: the experiment can detect a large effect of the "
-    "structured metric, not a small one. Where an interval is wide the seeds disagree and the "
-    'cell is decided by the overlap rule above, which favours "not worse". Non-finite '
-    f"logits or outputs over all runs, by variant: {n_bad}; with none anywhere, stability does "
-    "not discriminate between the variants here. The fast path makes the structured metric "
-    "cost about what dot-product attention costs (section 3), so the seed's experiment can be "
-    "repeated at a larger scale without the cost of its pseudocode."
+    f"**Verdict.** At this scale the seed's hypothesis is {status}. "
+    f"The matroidal metric has {mat_p} parameters ({100 * share:.2f}% of the model) against "
+    f"{den_p} for the dense one. Non-finite logits or outputs over all runs, by variant: "
+    f"{n_bad}; with none anywhere, stability does not discriminate between the variants here.\n\n"
+    f"**What this does and does not show.** Two layers, $D$ = {dim}, {steps} steps: runs this "
+    "short leave the learned metric weights close to their initial values (see the drift "
+    "above), so the comparison is mostly between fixed metrics of the same scale, and it can "
+    "detect a large effect of the structure, not a small one. Longer runs are one command "
+    "away, e.g. `python -m attention_atlas notebooks run 05_matroidal_metric -p steps 1000`. "
+    "The fast path makes the structured metric cost about what dot-product attention costs "
+    "(section 3), so that larger experiment is affordable; the seed's pseudocode is not."
 )
 
 # %%

@@ -366,3 +366,40 @@ def test_clear_errors():
         MatroidalAttention(16, 2, eps=0.0)
     with pytest.raises(ValueError, match="W must have shape"):
         mahalanobis_logits(z, z, torch.randn(5, 5), 1e-4, 1.0)
+
+
+def test_fast_path_runs_the_cpu_flash_kernel_at_head_dimension_d():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append((func, args))
+            return func(*args, **(kwargs or {}))
+
+    aten = torch.ops.aten
+    A = covector_matrix("ring_chords", 16, 64)
+    theta = torch.zeros(64, requires_grad=True)
+    z = torch.randn(2, 32, 16, requires_grad=True)  # 3-D, as in the stable API
+    attn = MatroidalAttention(64, 4, m=32, graph="knn")
+    x = torch.randn(2, 32, 64, requires_grad=True)
+    for run in (
+        lambda: matroidal_attention(z, z, A, theta, 1e-4, 1.0),
+        lambda: attn(x, causal=True).out,
+    ):
+        with Record() as rec:
+            run().sum().backward()
+        fwd = [
+            a for f, a in rec.calls if f == aten._scaled_dot_product_flash_attention_for_cpu.default
+        ]
+        bwd = [
+            a
+            for f, a in rec.calls
+            if f == aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        ]
+        assert len(fwd) == 1 and fwd[0][0].dim() == 4 and fwd[0][0].shape[-1] == 16
+        assert len(bwd) == 1 and bwd[0][1].shape[-1] == 17  # the augmented backward
+        assert not any(f == aten._softmax.default for f, _ in rec.calls)  # no math path

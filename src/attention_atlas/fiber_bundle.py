@@ -750,6 +750,7 @@ PRESETS: dict[str, dict[str, Any]] = {
               "alphas": [0.0, 1.0], "kappa_factors": [1.0, 10.0], "eval_alphas": [0.0, 1.0],
               "analyse_seqs": 8, "final_eval_batches": 2, "log_every": 3},
     "book": {},
+    "ablations": {"ablations": True},
     "long": {"steps": 2000, "dim": 128, "n_heads": 8, "batch_size": 32, "seq_len": 128,
              "log_every": 200, "analyse_seqs": 128, "final_eval_batches": 64},
 }  # fmt: skip

@@ -660,11 +660,12 @@ def _geodesic_attention_lowrank(
 
 
 def _auto_method(q: Tensor, U: Tensor) -> str:
-    """The measured choice (benchmarks/riemannian_attention.py): the augmented single-GEMM
-    path wins while ``d^2 + 3d + 1`` is within a few times ``(2r + 1) d``; beyond that the
-    ``O(d r)``-per-pair path does less work."""
+    """The measured choice (benchmarks/riemannian_attention.py, section 4): at r = 4 the
+    augmented single-GEMM path won at d = 8 and 16, the ``O(d r)``-per-pair path at d = 32 and
+    64. The rule compares the augmented width ``d^2 + 3d + 1`` with about twice the direct
+    path's ``(2r + 1) d`` (its elementwise squares cost more per number than a GEMM)."""
     d, r = q.shape[-1], U.shape[-1]
-    return "augmented" if augmented_dim(d) <= 4 * (2 * r + 1) * d + 64 else "lowrank"
+    return "augmented" if augmented_dim(d) <= 2 * (2 * r + 1) * d + 64 else "lowrank"
 
 
 def geodesic_attention(
