@@ -31,6 +31,7 @@ import functools
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -225,26 +226,32 @@ def sweep(
     verbose: bool = True,
     **shape: Any,
 ) -> list[dict[str, Any]]:
-    """Forward time (interleaved at each L, against chunked) and peak memory of each method.
+    """Forward time and peak memory of each method at each L (the chapter's log-log plot).
 
-    A method is skipped at an L where the time predicted from the previous L (``t * ratio^2``
-    for quadratic and SDPA, ``t * ratio`` otherwise) exceeds ``max_seconds``, or the quadratic
-    form does not fit ``budget_bytes`` even one head at a time. Memory is the live-tensor
-    high-water mark of :func:`attention_atlas.bench.peak_memory` (forward, no grad); for the
-    quadratic form run head by head it is the predicted all-heads peak, marked as predicted.
+    1. Calibration, L ascending: each method is timed on one call (and its peak memory measured
+       on another); a method is dropped from the L on where the time predicted from the previous L
+       (``t * ratio^2`` for quadratic and SDPA, ``t * ratio`` otherwise) exceeds
+       ``max_seconds``, or where the quadratic form does not fit ``budget_bytes`` even one head
+       at a time.
+    2. Timing: one :func:`attention_atlas.bench.compare` over every kept (method, L), so all of
+       them run in the same rounds and a slow phase of the machine hits every L alike;
+       ``ratio_to_chunked`` is the median over rounds of the per-round ratio to chunked at the
+       same L.
+
+    Memory is the live-tensor high-water mark of :func:`attention_atlas.bench.peak_memory`
+    (forward, no grad). The quadratic form timed on one head (see :func:`quadratic_fn`) has its
+    time scaled by the number of heads and its memory predicted (``peak_predicted``).
     """
-    rows: list[dict[str, Any]] = []
     last: dict[str, tuple[int, float]] = {}
     skipped: dict[str, str] = {}
+    fns: dict[str, Callable[[], Any]] = {}
+    info: dict[str, dict[str, Any]] = {}
     for length in lengths:
         inputs = make_inputs(length, **shape)
         x, log_a, B, C = inputs
         q = C.transpose(1, 2).contiguous()  # SDPA on (batch, heads, L, d) tensors of the same size
         k = B.transpose(1, 2).contiguous()
         v = x.transpose(1, 2).contiguous()
-        fns: dict[str, Callable[[], Any]] = {}
-        notes: dict[str, str] = {}
-        factors: dict[str, int] = {}
         for m in methods:
             if m in skipped:
                 continue
@@ -257,43 +264,51 @@ def sweep(
                         f"skipped from L={length}: predicted {pred:.0f} s > {max_seconds:g} s"
                     )
                     continue
+            note, factor = "", 1
+            fn: Callable[[], Any] | None
             if m == "quadratic":
-                fn, mode, factor = quadratic_fn(inputs, budget_bytes)
+                fn, note, factor = quadratic_fn(inputs, budget_bytes)
                 if fn is None:
-                    skipped[m] = f"skipped from L={length}: {mode}"
+                    skipped[m] = f"skipped from L={length}: {note}"
                     continue
-                fns[m], notes[m], factors[m] = fn, mode, factor
             elif m == "sdpa":
-                fns[m] = functools.partial(sdpa, q, k, v, causal=True)
+                fn = functools.partial(sdpa, q, k, v, causal=True)
             else:
-                fns[m] = functools.partial(ssd, x, log_a, B, C, method=m, chunk_size=chunk_size)
-        if "chunked" not in fns:
-            raise ValueError("the sweep needs the chunked method (it is the baseline)")
-        res = compare(fns, "chunked", backward=False, memory=False, reps=reps, warmup=1,
-                      min_sample_s=0.05)  # fmt: skip
-        for m in fns:
-            f = res["results"][m]["forward"]
-            fac = factors.get(m, 1)
-            row = {"method": m, "length": length, "median_s": fac * f["median_s"],
-                   "ratio_to_chunked": fac * f["ratio_median"], "note": notes.get(m, "")}  # fmt: skip
-            if memory:
-                if fac > 1:
-                    row["peak_bytes"] = quadratic_bytes(inputs)
-                    row["peak_predicted"] = True
-                else:
-                    fn = fns[m]
+                fn = functools.partial(ssd, x, log_a, B, C, method=m, chunk_size=chunk_size)
 
-                    def step(fn: Callable[[], Any] = fn) -> None:
-                        with torch.no_grad():
-                            fn()
+            def step(fn: Callable[[], Any] = fn) -> None:
+                with torch.no_grad():
+                    fn()
 
-                    row["peak_bytes"] = peak_memory(step, x.device)
-                    row["peak_predicted"] = False
-            rows.append(row)
-            last[m] = (length, row["median_s"])
+            t0 = time.perf_counter()
+            step()
+            last[m] = (length, factor * (time.perf_counter() - t0))
+            peak: int | None = None
+            if factor > 1:
+                peak = quadratic_bytes(inputs)  # predicted: all heads do not fit
+            elif memory:
+                peak = peak_memory(step, x.device)
+            key = f"{m}@{length}"
+            fns[key] = fn
+            info[key] = {"method": m, "length": length, "note": note, "factor": factor,
+                         "peak_bytes": peak, "peak_predicted": factor > 1}  # fmt: skip
         if verbose:
-            print(f"[sweep] L={length}: " + ", ".join(f"{m} {last[m][1]:.3g}s" for m in fns),
-                  file=sys.stderr)  # fmt: skip
+            print(f"[sweep] calibrated L={length}", file=sys.stderr)
+    if f"chunked@{lengths[0]}" not in fns:
+        raise ValueError("the sweep needs the chunked method (it is the baseline)")
+    res = compare(fns, f"chunked@{lengths[0]}", backward=False, memory=False, reps=reps,
+                  warmup=1, min_sample_s=0.05)  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for key, meta in info.items():
+        f = res["results"][key]["forward"]
+        base = res["results"][f"chunked@{meta['length']}"]["forward"]["samples_s"]
+        fac = meta.pop("factor")
+        ratios = [fac * a / b for a, b in zip(f["samples_s"], base)]
+        rows.append({**meta, "median_s": fac * f["median_s"],
+                     "ratio_to_chunked": statistics.median(ratios)})  # fmt: skip
+    if verbose:
+        for r in rows:
+            print(f"[sweep] {r['method']} L={r['length']}: {r['median_s']:.3g} s", file=sys.stderr)
     for m, why in skipped.items():
         rows.append({"method": m, "length": None, "note": why})
     return rows

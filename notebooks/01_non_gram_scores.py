@@ -242,8 +242,8 @@ summary
 
 # %%
 viz.markdown(
-    f"**Observation.** In all {len(draws)} draws ($d \\in {{{', '.join(map(str, dims))}}}$, "
-    f"$r \\in {{{', '.join(map(str, ranks))}}}$) the heterogeneous score matrix has rank exactly "
+    f"**Observation.** In all {len(draws)} draws ($d \\in \\{{{', '.join(map(str, dims))}\\}}$, "
+    f"$r \\in \\{{{', '.join(map(str, ranks))}\\}}$) the heterogeneous score matrix has rank exactly "
     f"$(d+1)(d+2)$ once $L$ exceeds it, independent of $r$; the theorem's lower bound "
     f"$d(d+1)/2$ is met with room to spare (the measured rank is "
     f"{(draws['rank'] / draws['theorem_bound']).min():.2f} to "
@@ -286,6 +286,15 @@ fig.update_layout(
 )
 viz.show(fig)
 print(by_m.set_index("m")["rank"].to_dict())
+full = by_m[by_m["rank"] == top]
+viz.markdown(
+    f"With rank-one metrics, $m = 1$ gives rank {by_m['rank'].iloc[0]} ($d + 2$) and the rank "
+    + (
+        f"reaches $(d+1)(d+2) = {top}$ at $m = {int(full['m'].iloc[0])}$ distinct metrics."
+        if len(full)
+        else f"is still {by_m['rank'].iloc[-1]} < {top} at $m = {ms[-1]}$."
+    )
+)
 
 # %% [markdown]
 # ## The edge case: identical metrics are a Gram matrix in disguise

@@ -63,6 +63,7 @@ slice_fraction = 0.1  # ... at this training fraction
 m_multiples = [1, 2, 4]  # m in units of d: d (the ring), 2d, 4d
 families = ["ring_chords", "knn", "random", "sparse_random", "unsigned"]
 prune_deltas = [0.5, 0.9, 1.0, 1.1]  # delta as a multiple of the initial weight d / (2m)
+sweep_dir = ""  # keep (and reuse) finished runs in this folder; "" runs in a temporary one
 
 # %% tags=["smoke"]
 SMOKE = {
@@ -82,6 +83,7 @@ SMOKE = {
 # %%
 import copy
 import math
+import shutil
 import statistics
 import tempfile
 import time
@@ -529,10 +531,12 @@ cells = make_cells(to_run, seeds)
 print(
     f"{len(configs)} configurations ({len(to_run)} distinct) x {len(seeds)} seeds = {len(cells)} runs"
 )
-sweep_dir = Path(tempfile.mkdtemp(prefix="ch05_sweep_"))
+out_dir = Path(sweep_dir) if sweep_dir else Path(tempfile.mkdtemp(prefix="ch05_sweep_"))
 t0 = time.perf_counter()
-raw = run_sweep(cells, run_cell, sweep_dir, log=None)
+raw = run_sweep(cells, run_cell, out_dir, log=None)
 sweep_s = time.perf_counter() - t0
+if not sweep_dir:
+    shutil.rmtree(out_dir)
 print(f"sweep: {len(cells)} runs in {sweep_s:.0f} s")
 frames = []
 for name, p in configs.items():

@@ -355,13 +355,19 @@ def first_failure(dtype: str) -> int | None:
 
 
 first_bad32, first_bad64 = first_failure("float32"), first_failure("float64")
+
+
+def at(T: int | None) -> str:
+    return "no length tried" if T is None else f"T = {T}"
+
+
 ok_ssd = gen_df[gen_df.method != "generators"]
 assert (ok_ssd.rel_err < 1e-4).all(), ok_ssd  # the log-space product never breaks
 if max(generator_lengths) >= 150:
     assert first_bad32 is not None and first_bad32 <= 150  # ... the float32 generators do
 viz.markdown(
-    f"The generator product first fails (NaN, or an error above $10^{{-3}}$) at T = {first_bad32} "
-    f"in float32 and at T = {first_bad64} in float64 (None: not within the lengths tried, up to "
+    f"The generator product first fails (NaN, or an error above $10^{{-3}}$) at {at(first_bad32)} "
+    f"in float32 and at {at(first_bad64)} in float64 (lengths tried: up to "
     f"{max(generator_lengths)}); the log-space `ssd` stays below {ok_ssd.rel_err.max():.1e} at "
     "every length. The seed's linear-time product is right in exact arithmetic, but usable only "
     "in a representation that cannot overflow: this is why SSD works chunk by chunk in log space."
