@@ -11,7 +11,7 @@ VENDOR_STAMP := book/_static/vendor/VERSIONS.json
 export ATTENTION_ATLAS_DATA ?= $(abspath ../shared/data)
 export PYTHONHASHSEED := 0
 
-.PHONY: venv vendor test lint typecheck pytest book lab smoke clean
+.PHONY: venv vendor test lint typecheck pytest book book-check lab smoke clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,11 @@ $(CACHE_STAMP): $(shell find src -name '*.py' 2>/dev/null) requirements.lock
 book: $(STAMP) $(VENDOR_STAMP) $(CACHE_STAMP)
 	ATTENTION_ATLAS_HEADLESS=1 $(BIN)/jupyter-book build . -W --keep-going
 	@echo "The book: file://$(abspath _build/html/index.html)"
+
+# the book and browser tests on make book's own output (_build/html)
+book-check: $(STAMP)
+	ATTENTION_ATLAS_BOOK_HTML=$(abspath _build/html) $(BIN)/python -m pytest -q \
+	  tests/test_browser.py tests/test_book.py -k "not builds_without_warnings and not every_chapter"
 
 # smoke-run every chapter (or NAME=00_attention_zoo) into _build/executed/smoke/
 smoke: $(STAMP)

@@ -99,11 +99,21 @@ def build_book_from_executed(executed: dict[str, Path], workdir: Path) -> BookBu
 
 
 @pytest.fixture(scope="session")
-def smoke_book(smoke_runs: dict, tmp_path_factory: pytest.TempPathFactory) -> BookBuild:
+def smoke_book(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> BookBuild:
     """The book built from the smoke-executed chapters. A chapter whose run failed is built
-    from what papermill wrote (its outputs up to the failure), or without outputs."""
+    from what papermill wrote (its outputs up to the failure), or without outputs.
+
+    With ``ATTENTION_ATLAS_BOOK_HTML=<folder>`` set, that already built book is used instead
+    (``make book-check`` runs the book and browser tests on ``make book``'s output)."""
     import jupytext
 
+    prebuilt = os.environ.get("ATTENTION_ATLAS_BOOK_HTML")
+    if prebuilt:
+        return BookBuild(Path(prebuilt).resolve(), 0, f"prebuilt book at {prebuilt}")
+
+    smoke_runs = request.getfixturevalue("smoke_runs")
     workdir = tmp_path_factory.mktemp("book")
     executed: dict[str, Path] = {}
     for stem, r in smoke_runs.items():

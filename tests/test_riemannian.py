@@ -17,6 +17,7 @@ TOL = 1e-10
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
@@ -169,8 +170,8 @@ def test_attention_matrix_is_row_stochastic():
 @pytest.mark.parametrize("method", ["augmented", "lowrank"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_geodesic_attention_gradcheck(method, causal):
-    q, k, v, U = inputs(shape=(1, 2), L=7, d=3, r=2, dv=2, seed=13, grad=True)
-    omega = torch.rand(1, 2, 7, dtype=DT, requires_grad=True)
+    q, k, v, U = inputs(shape=(1, 1), L=7, d=3, r=2, dv=2, seed=13, grad=True)
+    omega = torch.rand(1, 1, 7, dtype=DT, requires_grad=True)
 
     def f(q, k, v, U, omega):
         return R.geodesic_attention(

@@ -734,7 +734,8 @@ def analyse(
             sel = t_all.numpy() == code
             res_[f"kappa_{i}_{name}"] = float(kk[sel].mean()) if sel.any() else math.nan
         ok = np.isfinite(s_all.numpy()) & (t_all.numpy() >= 0)
-        rho = spearmanr(kk[ok], s_all.numpy()[ok]).statistic if ok.sum() > 2 else math.nan
+        varies = ok.sum() > 2 and kk[ok].std() > 0  # kappa is identically 0 with Phase A off
+        rho = spearmanr(kk[ok], s_all.numpy()[ok]).statistic if varies else math.nan
         res_[f"kappa_{i}_spearman_surprisal"] = float(rho)
     res_["tokens"] = tok
     return res_
