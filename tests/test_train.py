@@ -291,3 +291,55 @@ def test_command_line_train_prints_final_metrics_and_writes_history(tmp_path, ca
         record["model_config"]["attention"] == "euclidean" and record["train_config"]["lr"] == 1e-3
     )
     assert len(pd.read_csv(tmp_path / "run" / "history.csv")) == 2
+
+
+KILL_SCRIPT = """
+import os, signal, sys, torch
+from attention_atlas.data import copy_task
+from attention_atlas.models import ModelConfig
+from attention_atlas.train import TrainConfig, train
+torch.set_num_threads(1)
+data = copy_task(256, 64, length=6, vocab=5)
+cfg = TrainConfig(steps=14, batch_size=8, lr=1e-2, warmup_steps=3, log_every=3, eval_batches=2,
+                  eval_batch_size=32, progress=False, measure_flops=False, checkpoint_every=4,
+                  out_dir=sys.argv[1])
+def kill(step, info):
+    if step == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handlers: a real kill
+train(ModelConfig(dim=16, n_layers=2, n_heads=2, dropout=0.1), cfg, data, callbacks=[kill])
+"""
+
+
+@pytest.mark.parametrize("kill_at", [5, 10])
+def test_a_sigkilled_process_resumes_to_bitwise_identical_weights_and_history(
+    copy_data, tmp_path, kill_at
+):
+    model = ModelConfig(dim=16, n_layers=2, n_heads=2, dropout=0.1)
+    cfg = dict(steps=14, log_every=3, checkpoint_every=4)
+    full = train(model, tiny_cfg(out_dir=str(tmp_path / "full"), **cfg), copy_data)
+    out = tmp_path / "killed"
+    script = tmp_path / "kill_run.py"
+    script.write_text(KILL_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(out), str(kill_at)], timeout=300)
+    assert proc.returncode == -9, "the child should die by SIGKILL"
+    resumed = train(model, tiny_cfg(out_dir=str(out), **cfg), copy_data, resume=True)
+    for (n, a), (_, b) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), n
+    pd.testing.assert_frame_equal(full.history[LOSS_COLUMNS], resumed.history[LOSS_COLUMNS])
+    assert full.final["val_loss"] == resumed.final["val_loss"]
+
+
+def test_metric_parameters_of_attention_variants_are_not_decayed():
+    model = Transformer(ModelConfig(dim=32, n_layers=1, n_heads=2, attention="matroidal"))
+    groups = param_groups(model, 0.1)
+    no_decay = {id(p) for p in groups[1]["params"]}
+    metric = [
+        p for m in model.modules() if hasattr(m, "metric_parameters") for p in m.metric_parameters()
+    ]
+    assert metric and all(id(p) in no_decay for p in metric)
+
+
+def test_regularizers_of_other_modules_resolve_by_name_without_an_import():
+    code = "from attention_atlas.train import available_regularizers as r; print(r())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "cofactor" in out.stdout

@@ -57,6 +57,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention.base import Attention
 from .data import IGNORE_INDEX, ArrayTask, TextCorpus, eval_windows, load_task, make_sampler
 from .linalg import effective_rank
 from .models import ModelConfig, ModelOutput, Transformer, attention_modules, param_counts
@@ -115,16 +116,40 @@ def register_diagnostic(name: str) -> Callable[[Diagnostic], Diagnostic]:
 
 
 def available_regularizers() -> list[str]:
+    _import_providers()
     return sorted(_REGULARIZERS)
 
 
 def available_diagnostics() -> list[str]:
+    _import_providers()
     return sorted(_DIAGNOSTICS)
+
+
+#: modules that register regularizers or diagnostics when imported (imported on first lookup,
+#: so that a name such as "cofactor" works from the command line without an explicit import)
+_PROVIDERS = (
+    "attention_atlas.cofactor",
+    "attention_atlas.attention.riemannian",
+    "attention_atlas.fiber_bundle",
+)
+
+
+def _import_providers() -> None:
+    import importlib
+
+    for mod in _PROVIDERS:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as err:  # a provider not written yet
+            if err.name != mod:
+                raise
 
 
 def _lookup(kind: str, table: dict[str, Any], spec: dict[str, Any]) -> Any:
     if "name" not in spec:
         raise ValueError(f"a {kind} spec needs a 'name', got {spec!r}")
+    if spec["name"] not in table:
+        _import_providers()
     if spec["name"] not in table:
         raise ValueError(
             f"unknown {kind} {spec['name']!r}; registered: {', '.join(sorted(table)) or '(none)'}"
@@ -288,8 +313,8 @@ def lr_at_time(step: int, frac: float, cfg: TrainConfig) -> float:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: decay on matrices; none on biases, norms and embeddings (token tables,
-    learned positions, CLS token)."""
+    """AdamW groups: decay on matrices; none on biases, norms, embeddings (token tables,
+    learned positions, CLS token) and the metric parameters of attention variants."""
     no_decay: set[int] = set()
     for m in model.modules():
         if isinstance(m, nn.Embedding | nn.LayerNorm | nn.RMSNorm):
@@ -297,6 +322,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     for name, p in model.named_parameters():
         if p.dim() < 2 or name.split(".")[-1] in ("pos_emb", "cls") or name.endswith(".bias"):
             no_decay.add(id(p))
+    for m in model.modules():  # a variant's geometry is shaped by its own regularisers, not decay
+        if isinstance(m, Attention):
+            no_decay.update(id(p) for p in m.metric_parameters())
     uniq = {id(p): p for p in model.parameters() if p.requires_grad}
     decay = [p for i, p in uniq.items() if i not in no_decay]
     rest = [p for i, p in uniq.items() if i in no_decay]
