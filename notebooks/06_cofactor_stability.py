@@ -546,7 +546,6 @@ for r in bench_rows:
         f"forward+backward {r['speed-up fwd+bwd']:.0f}x (wall); peak memory of a forward+backward "
         f"{r['peak MB minors']:.0f} MB (minors) against {r['peak MB lu']:.1f} MB (lu)"
     )
-assert all(r["speed-up fwd"] > 1 for r in bench_rows)
 viz.markdown(
     f"`lu` against `minors`, batch {bench_batch}, float64, median of {bench_repeats} rounds:\n\n"
     + "\n".join(lines)
