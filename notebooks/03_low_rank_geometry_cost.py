@@ -18,8 +18,8 @@
 #   $O(d r^2)$ instead of $O(d^3)$ (eq. 14).
 # * **Proposition 4.2**: the squared distance under $g_{ij}$ splits into a Euclidean part and
 #   two metric parts (eq. 15), each of which splits further (eq. 16):
-#   $\lVert U_i^\top(q_i - k_j)\rVert^2 = \lVert U_i^\top q_i\rVert^2 + \lVert U_i^\top k_j\rVert^2
-#   - 2 (U_i^\top q_i)\cdot(U_i^\top k_j)$, with "the pairwise term requiring $O(r)$ per pair".
+#   $\lVert U_i^\top(q_i - k_j)\rVert^2 = \lVert U_i^\top q_i\rVert^2 + \lVert U_i^\top k_j\rVert^2 -
+#   2 (U_i^\top q_i)\cdot(U_i^\top k_j)$, with "the pairwise term requiring $O(r)$ per pair".
 # * **Proposition 4.3**: score computation costs $O(BL^2 d) + O(BL^2 r)$, an overhead ratio
 #   $O(r/d) \ll 1$ over dot-product attention.
 #

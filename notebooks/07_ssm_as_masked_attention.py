@@ -458,7 +458,7 @@ sweep_rows = bench_ssd.sweep(
     verbose=False,
 )
 sweep_df = pd.DataFrame([r for r in sweep_rows if r.get("length")])
-skips = [r["note"] for r in sweep_rows if not r.get("length")]
+skips = [f"{r['method']} ({r['note']})" for r in sweep_rows if not r.get("length")]
 for r in sweep_rows:
     if not r.get("length"):
         print(f"{r['method']}: {r['note']}")
@@ -512,9 +512,29 @@ cross_s = bench_ssd.crossover(sweep_rows, "chunked", "sdpa")
 cross_r = bench_ssd.crossover(sweep_rows, "chunked", "recurrent")
 q_rows = sweep_df[sweep_df.method == "quadratic"]
 q_last = q_rows.sort_values("length").iloc[-1] if len(q_rows) else None
-assert slope["chunked"] < 1.3, slope  # linear in L (up to fixed per-call costs at small L)
-if len(bench_lengths) >= 4 and "quadratic" in slope:
-    assert slope["quadratic"] > 1.5, slope
+# Timings are reported, not asserted: on a shared machine a timing assert is a coin toss. The
+# linear-time claim is asserted on counted work instead: the matrix-product FLOPs (PyTorch's
+# FlopCounterMode) of chunked SSD double exactly when L doubles; the quadratic form's quadruple.
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def ssd_flops(length: int, method: str) -> int:
+    g = torch.Generator().manual_seed(0)
+    x_, B_, C_ = (torch.randn(1, length, 2, n, generator=g) for n in (8, 4, 4))
+    la_ = -torch.rand(1, length, 2, generator=g)
+    with FlopCounterMode(display=False) as counter:
+        ssd(x_, la_, B_, C_, method=method, chunk_size=64)
+    return counter.get_total_flops()
+
+
+flop_lengths = [256, 512, 1024, 2048]
+flop_growth = {
+    m: [ssd_flops(b, m) / ssd_flops(a, m) for a, b in zip(flop_lengths, flop_lengths[1:])]
+    for m in ("chunked", "quadratic")
+}
+assert all(abs(g - 2.0) < 1e-12 for g in flop_growth["chunked"]), flop_growth
+assert all(abs(g - 4.0) < 1e-12 for g in flop_growth["quadratic"]), flop_growth
+print("FLOP growth per doubling of L:", flop_growth)
 
 
 def fmt_L(v):
@@ -532,7 +552,7 @@ viz.markdown(
         if q_last is not None
         else ""
     )
-    + (" Skipped here: " + "; ".join(skips) + "." if skips else "")
+    + (" Not run at every length here: " + "; ".join(skips) + "." if skips else "")
 )
 
 # %% [markdown]

@@ -69,9 +69,12 @@ CHECK_PAGE = """
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   const raw = [];
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
-    if (n.parentElement.closest('pre, code, script, style, textarea, .highlight')) continue;
+    if (n.parentElement.closest('pre, code, script, style, textarea, .highlight, mjx-container'))
+      continue;
     const t = n.textContent;
-    if (t.includes('\\\\(') || t.includes('\\\\[') || /\\$\\$/.test(t)) raw.push(t.slice(0, 80));
+    // a TeX delimiter or command (\\lVert, \\top, ...) that reached the reader as text
+    if (t.includes('\\\\(') || t.includes('\\\\[') || /\\$\\$/.test(t) || /\\\\[A-Za-z]{2,}/.test(t))
+      raw.push(t.slice(0, 80));
   }
   return {figures: figs.length, undrawn, math: math.length,
           mjx: document.querySelectorAll('mjx-container').length, untypeset, raw};

@@ -26,6 +26,7 @@ for the chapters to plot; ``python -m attention_atlas bench`` is the command lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -33,7 +34,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,26 @@ def _make_step(fn: Callable[..., Any], args: Sequence[Any], backward: bool) -> C
     return fwd_bwd if backward else fwd
 
 
+@contextlib.contextmanager
+def _quiet_stderr_fd() -> Iterator[None]:
+    """Silence file descriptor 2 (the profiler's C++ start/stop lines, which would otherwise
+    land in a notebook's output) for the duration of the block."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real fd 2 (an embedded interpreter): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def peak_memory(step: Callable[[], None], device: torch.device) -> int:
     """Peak bytes allocated by ``step()`` above what was allocated before it (see module doc)."""
     if device.type == "cuda":
@@ -104,7 +125,10 @@ def peak_memory(step: Callable[[], None], device: torch.device) -> int:
         return int(torch.cuda.max_memory_allocated(device) - before)
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with (
+        _quiet_stderr_fd(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         step()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     cur = peak = 0
