@@ -24,8 +24,8 @@
 #   terms, eq. 11), $\bar U^2 = \max_t \lVert U_t\rVert_F^2$ and $M = \max_{i,j}\lVert q_i -
 #   k_j\rVert^2$: $\lVert \Delta S\rVert_F \le L \bar U^2 M / \tau$ (eq. 12).
 # * **Eq. 13.** Softmax is 1-Lipschitz row by row in the Frobenius norm, so with Weyl's
-#   inequality $|\sigma_k(A^{\mathrm{Riem}}) - \sigma_k(A^{\mathrm{Euc}})| \le \lVert A^{\mathrm{Riem}}
-#   - A^{\mathrm{Euc}}\rVert_F \le \lVert \Delta S\rVert_F \le L \bar U^2 M/\tau$.
+#   inequality $|\sigma_k(A^{\mathrm{Riem}}) - \sigma_k(A^{\mathrm{Euc}})| \le \lVert A^{\mathrm{Riem}} -
+#   A^{\mathrm{Euc}}\rVert_F \le \lVert \Delta S\rVert_F \le L \bar U^2 M/\tau$.
 # * **Conjecture 3.6 / prediction P1.** A critical strength $\bar U^2_{\mathrm{crit}} = \Theta(\tau/L)$
 #   separates a sub-critical regime (Euclidean-like, collapse proceeds) from a super-critical one
 #   in which $\sigma_2(A^{\mathrm{Riem}})$ stays away from zero.
