@@ -59,7 +59,7 @@
 # answers *at this scale*, and the command printed beside each figure reruns the grid larger.
 
 # %% tags=["parameters"]
-steps = 100  # optimiser steps per run
+steps = 200  # optimiser steps per run
 dim = 64  # model width D
 n_layers = 2  # blocks
 n_heads = 4  # attention heads, head width 16
@@ -238,7 +238,9 @@ for col, (metric, _fmtd) in enumerate((("val_bpc", 3), ("train_time_s", 1)), sta
     fig.add_trace(go.Bar(x=list(grid), y=means, error_y={"type": "data", "array": errs},
                          showlegend=False), row=1, col=col)  # fmt: skip
 fig.update_layout(
-    title=f"All configurations, mean and 95% interval over {len(seeds)} seeds", height=420
+    title=f"All configurations, mean and 95% interval over {len(seeds)} seeds",
+    height=440,
+    margin={"t": 110},
 )
 viz.show(fig)
 print("command:", COMMAND)
@@ -248,7 +250,8 @@ viz.markdown(
     f"After {steps} steps the dot-product baseline reaches {fmt_ci(per_seed('dot', 'val_bpc'))} bits "
     f"per character and the default Fiber Bundle Transformer {fmt_ci(per_seed('fbt', 'val_bpc'))} "
     f"(paired difference {ci_str(d_bpc)}), at {fbt_ratio:.1f} times the training time. "
-    "At this scale (a few hundred thousand characters seen) both models are early in training; "
+    f"At this scale ({steps * batch_size * seq_len:,} training characters seen per run) both "
+    "models are early in training; "
     "the bits-per-character comparisons below are about direction, not final quality."
 )
 
@@ -308,8 +311,10 @@ for col, getter in enumerate(
                              marker={"symbol": "diamond", "size": 11, "color": viz.COLORS[2]},
                              name="no regulariser (strength not imposed)", showlegend=col == 1),
                   row=1, col=col)  # fmt: skip
-fig.update_xaxes(type="log", title_text="trained max_t |U_t|^2 / (tau / L)")
-fig.update_layout(title="P1: metric strength across the critical scale tau / L", height=420)
+fig.update_xaxes(type="log", title_text="max_t |U_t|² / (τ/L)")
+fig.update_layout(
+    title="P1: metric strength across the critical scale τ/L", height=440, margin={"t": 110}
+)
 viz.show(fig)
 print("command:", COMMAND)
 
@@ -452,7 +457,7 @@ fig.add_hline(y=fb.kappa_scale(dim, n_heads, seq_len) / 2, line_dash="dot", line
               annotation_text="kappa_min of the three-regulariser arm")  # fmt: skip
 fig.update_yaxes(type="log")
 fig.update_xaxes(title_text="step")
-fig.update_layout(title="P3: metric strength during training", height=420)
+fig.update_layout(title="P3: metric strength during training", height=440, margin={"t": 110})
 viz.show(fig)
 print("command:", COMMAND)
 
@@ -500,9 +505,11 @@ for l in range(1, n_layers + 1):
         if len(vals):
             fig.add_trace(go.Box(y=vals, name=name, showlegend=False, boxpoints=False,
                                  marker_color=viz.COLORS[code % len(viz.COLORS)]), row=1, col=l)  # fmt: skip
-fig.update_yaxes(title_text="kappa_t = |U_t|_F^2 (mean over heads)", col=1)
+fig.update_yaxes(title_text="κ_t = |U_t|²_F (mean over heads)", col=1)
 fig.update_layout(
-    title="P4: distribution of kappa_t by token type (default model, all seeds)", height=440
+    title="P4: distribution of κ_t by token type (default model, all seeds)",
+    height=460,
+    margin={"t": 110},
 )
 viz.show(fig)
 print("command:", COMMAND)
@@ -611,7 +618,7 @@ for col, column in enumerate((f"erank_{LAST}", "val_bpc", "train_time_s"), start
                              name="dot product (mean)", showlegend=col == 1,
                              line={"dash": "dash", "color": viz.COLORS[1]}), row=1, col=col)  # fmt: skip
 fig.update_xaxes(type="log", title_text="metric rank r")
-fig.update_layout(title="P6: metric rank ablation", height=420)
+fig.update_layout(title="P6: metric rank ablation", height=440, margin={"t": 110})
 viz.show(fig)
 print("command:", COMMAND)
 r_lo, r_hi = min(p6_names), max(p6_names)
