@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from attention_atlas.bench import compare
+from attention_atlas.bench import compare, cpu_time_ratio
 from attention_atlas.cofactor import cofactor_regularizer_from_probs, principal_cofactors
 from attention_atlas.models import ModelConfig, Transformer
 
@@ -59,22 +56,6 @@ def bench_methods(sizes: list[int], batch: int, reps: int) -> dict[int, Any]:
             meta={"n": n, "batch": batch, "dtype": "float64", "cpu_time_speedup_forward": cpu},
         )
     return out
-
-
-def cpu_time_ratio(slow: Any, fast: Any, args: tuple[Any, ...], reps: int) -> float:
-    """Median over interleaved rounds of CPU-time(slow) / CPU-time(fast) (``time.thread_time``,
-    which time-sharing with other processes does not inflate); each sample lasts >= 20 ms."""
-
-    def sample(f: Any, number: int) -> float:
-        t0 = time.thread_time()
-        for _ in range(number):
-            f(*args)
-        return (time.thread_time() - t0) / number
-
-    with torch.no_grad():
-        number = {f: max(1, math.ceil(0.02 / max(sample(f, 1), 1e-6))) for f in (slow, fast)}
-        ratios = [sample(slow, number[slow]) / sample(fast, number[fast]) for _ in range(reps)]
-    return statistics.median(ratios)
 
 
 def bench_overhead(batch: int, reps: int, heads: int = 1, beta: float = 0.1) -> dict[str, Any]:

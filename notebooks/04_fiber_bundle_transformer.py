@@ -709,7 +709,6 @@ cost = pd.DataFrame(
      for name, r in timing["results"].items()}
 ).T  # fmt: skip
 display(cost.round(2))
-assert (cost["forward+backward ratio"] > 0).all()
 fig = go.Figure(go.Bar(x=list(cost.index), y=cost["forward+backward ratio"]))
 fig.update_layout(title="Forward+backward time relative to the dot-product model (median, interleaved)",
                   yaxis_title="ratio to dot product", height=400)  # fmt: skip

@@ -104,6 +104,7 @@ from attention_atlas.attention.metric import (
     GRAPH_FAMILIES,
     covector_matrix,
     graph_edges,
+    graph_family_admits,
     is_signed_incidence,
     is_totally_unimodular,
     matroidal_attention,
@@ -209,19 +210,11 @@ D64 = torch.float64
 eps = 1e-4
 
 
-def feasible(family: str, d: int, m: int) -> bool:
-    try:
-        graph_edges(family, d, m)
-    except ValueError:
-        return False
-    return True
-
-
 cases = [
     (f, k * check_dim)
     for f in GRAPH_FAMILIES
     for k in (1, 2, 4)
-    if feasible(f, check_dim, k * check_dim)
+    if graph_family_admits(f, check_dim, k * check_dim)
 ]
 worst = {"decomposition": 0.0, "factor": 0.0, "min_eig_minus_eps": math.inf}
 theta_extreme = torch.tensor([-1e3, -50.0, 0.0, 50.0, 1e3], dtype=D64)

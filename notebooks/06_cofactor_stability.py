@@ -116,7 +116,7 @@ import plotly.graph_objects as go
 import torch
 
 from attention_atlas import viz
-from attention_atlas.bench import compare
+from attention_atlas.bench import compare, cpu_time_ratio
 from attention_atlas.cofactor import (
     cofactor_diagnostics,
     cofactor_flops,
@@ -479,23 +479,6 @@ methods_df
 # %%
 def cofactors_of_probs(A, method):
     return principal_cofactors(A, method, check=False)
-
-
-def cpu_time_ratio(slow, fast, args, reps: int) -> float:
-    """Median over interleaved rounds of (CPU time of ``slow``) / (CPU time of ``fast``), each
-    sample a loop of calls lasting >= 20 ms, timed with ``time.thread_time`` (this thread's CPU
-    time, which time-sharing with other processes does not inflate)."""
-
-    def sample(f, number):
-        t0 = time.thread_time()
-        for _ in range(number):
-            f(*args)
-        return (time.thread_time() - t0) / number
-
-    with torch.no_grad():
-        number = {f: max(1, math.ceil(0.02 / max(sample(f, 1), 1e-6))) for f in (slow, fast)}
-        ratios = [sample(slow, number[slow]) / sample(fast, number[fast]) for _ in range(reps)]
-    return float(np.median(ratios))
 
 
 bench_rows, bench_json = [], {}

@@ -15,6 +15,7 @@ from attention_atlas.attention.metric import (
     covector_matrix,
     euclidean_attention_explicit,
     graph_edges,
+    graph_family_admits,
     is_signed_incidence,
     is_totally_unimodular,
     mahalanobis_attention,
@@ -33,15 +34,7 @@ D64 = torch.float64
 D = 9  # head dimension of the sweeps: 4d = 36 = d(d-1)/2, so every family reaches m = 4d
 
 
-def feasible(family: str, d: int, m: int) -> bool:
-    try:
-        graph_edges(family, d, m)
-    except ValueError:
-        return False
-    return True
-
-
-CASES = [(f, m) for f in GRAPH_FAMILIES for m in (D, 2 * D, 4 * D) if feasible(f, D, m)]
+CASES = [(f, m) for f in GRAPH_FAMILIES for m in (D, 2 * D, 4 * D) if graph_family_admits(f, D, m)]
 
 
 def reference_attention(z, v, A, theta, eps, tau, causal=False):
@@ -80,7 +73,7 @@ def test_impossible_edge_counts_are_clear_errors(family, d, m, match):
         covector_matrix(family, d, m)
 
 
-SMALL = [(f, m) for f in GRAPH_FAMILIES for m in (5, 7, 10) if feasible(f, 5, m)]
+SMALL = [(f, m) for f in GRAPH_FAMILIES for m in (5, 7, 10) if graph_family_admits(f, 5, m)]
 
 
 @pytest.mark.parametrize("family,m", SMALL)

@@ -10,7 +10,6 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
-from scipy import stats
 
 from attention_atlas import viz
 
@@ -47,17 +46,10 @@ def test_the_renderer_adds_the_plotly_mimetype_only_when_interactive(
     assert pio.renderers.default == "atlas"
 
 
-def test_mean_ci_is_the_student_t_interval() -> None:
-    rng = np.random.default_rng(0)
-    samples = rng.normal(size=(5, 7))
-    mean, lo, hi = viz.mean_ci(samples)
-    for j in range(7):
-        ref = stats.t.interval(0.95, df=4, loc=samples[:, j].mean(), scale=stats.sem(samples[:, j]))
-        assert lo[j] == pytest.approx(ref[0], abs=1e-12)
-        assert hi[j] == pytest.approx(ref[1], abs=1e-12)
-    np.testing.assert_allclose(mean, samples.mean(0), atol=1e-15)
-    m1, lo1, hi1 = viz.mean_ci(samples[:1])
-    assert (lo1 == m1).all() and (hi1 == m1).all()
+def test_line_band_with_one_seed_collapses_the_band_onto_the_mean() -> None:
+    fig = viz.line_band(np.arange(3), {"a": np.array([[1.0, 2.0, 3.0]])})
+    band = np.asarray(fig.data[0].y, dtype=float)
+    np.testing.assert_array_equal(band, [1.0, 2.0, 3.0, 3.0, 2.0, 1.0])
 
 
 def test_loglog_slope_recovers_a_power_law() -> None:

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from .attention.base import AttentionResult, build_attention
 
-__all__ = ["bench_attention", "compare", "peak_memory"]
+__all__ = ["bench_attention", "compare", "cpu_time_ratio", "peak_memory"]
 
 
 def _first_tensor(out: Any) -> Tensor:
@@ -145,6 +145,34 @@ def _time(step: Callable[[], None], number: int, device: torch.device) -> float:
         step()
     _sync(device)
     return (time.perf_counter() - t0) / number
+
+
+def cpu_time_ratio(
+    slow: Callable[..., Any],
+    fast: Callable[..., Any],
+    args: Sequence[Any] = (),
+    reps: int = 5,
+    min_sample_s: float = 0.02,
+) -> float:
+    """Median over interleaved rounds of CPU-time(``slow``) / CPU-time(``fast``), no grad.
+
+    CPU time is this thread's (``time.thread_time``), which time-sharing with other processes
+    does not inflate, unlike wall time; each sample repeats a call until it lasts at least
+    ``min_sample_s``. Meaningful for single-threaded work (``torch.set_num_threads(1)``).
+    """
+
+    def sample(f: Callable[..., Any], number: int) -> float:
+        t0 = time.thread_time()
+        for _ in range(number):
+            f(*args)
+        return (time.thread_time() - t0) / number
+
+    with torch.no_grad():
+        number = {
+            f: max(1, math.ceil(min_sample_s / max(sample(f, 1), 1e-6))) for f in (slow, fast)
+        }
+        ratios = [sample(slow, number[slow]) / sample(fast, number[fast]) for _ in range(reps)]
+    return statistics.median(ratios)
 
 
 def compare(

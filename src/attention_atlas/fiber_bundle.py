@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention.base import AttentionResult, combine_masks, count_nonfinite, register_attention
-from .attention.dot import masked_softmax
+from .attention.base import AttentionResult, register_attention
+from .attention.dot import attention_from_logits
 from .attention.riemannian import (
     RiemannianAttention,
     TorsionNet,
@@ -168,16 +168,12 @@ class FiberBundleAttention(RiemannianAttention):
         diagnostics: dict[str, Tensor] = {}
         probs = None
         if self.method == "decomposed" or need_weights:
-            logits = self.scores(q, k, U_s, omega_s)  # (B, H, L, L)
-            keep = combine_masks(
-                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
-            )
-            probs = masked_softmax(logits, keep)
-            out = probs @ v  # (B, H, L, d)
+            explicit = attention_from_logits(
+                self.scores(q, k, U_s, omega_s), v, causal=causal, mask=mask
+            )  # scores (B, H, L, L)
+            out = explicit.out  # (B, H, L, d)
             if need_weights:
-                diagnostics["nonfinite_logits"] = count_nonfinite(logits, keep)
-            else:
-                probs = None
+                probs, diagnostics = explicit.probs, explicit.diagnostics
         else:
             out = geodesic_attention(
                 q, k, v, U_s, self.tau, causal, mask=mask, curvature=omega_s, alpha=self.alpha,

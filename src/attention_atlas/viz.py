@@ -15,8 +15,8 @@ tests) set ``ATTENTION_ATLAS_HEADLESS=1``; :func:`is_interactive` is then False 
 show static figures (plotly sliders or dropdowns over precomputed sweeps) instead of ipywidgets.
 
 Other helpers: :func:`heatmap`, :func:`heatmap_grid`, :func:`add_selector` (slider or dropdown
-over groups of traces), :func:`mean_ci` and :func:`line_band` (mean and 95 % interval over
-seeds), :func:`loglog` and :func:`loglog_slope`, :func:`markdown` (prose with numbers from the run).
+over groups of traces), :func:`line_band` (mean and 95 % interval over seeds, from
+:func:`attention_atlas.stats.interval`), :func:`loglog` and :func:`loglog_slope`, :func:`markdown` (prose with numbers from the run).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 from plotly.subplots import make_subplots
 
+from .stats import interval
+
 __all__ = [
     "COLORS",
     "PLOTLY_CONFIG",
@@ -47,7 +49,6 @@ __all__ = [
     "loglog",
     "loglog_slope",
     "markdown",
-    "mean_ci",
     "show",
 ]
 
@@ -178,29 +179,6 @@ def _np(a: Any) -> np.ndarray:
     if hasattr(a, "detach"):
         a = a.detach().cpu().numpy()
     return np.asarray(a)
-
-
-def mean_ci(samples: Any, axis: int = 0, level: float = 0.95) -> tuple[np.ndarray, ...]:
-    """Mean and two-sided Student-t interval over ``axis`` (the seeds).
-
-    Args:
-        samples: ``(n_seeds, ...)`` values (``axis=0``).
-        level: coverage of the interval.
-
-    Returns:
-        ``(mean, lo, hi)``, each shaped like ``samples`` without ``axis``; with one seed
-        ``lo = hi = mean``.
-    """
-    from scipy import stats
-
-    x = _np(samples).astype(float)
-    n = x.shape[axis]
-    mean = x.mean(axis=axis)
-    if n < 2:
-        return mean, mean.copy(), mean.copy()
-    sem = x.std(axis=axis, ddof=1) / np.sqrt(n)
-    half = stats.t.ppf(0.5 + level / 2, df=n - 1) * sem
-    return mean, mean - half, mean + half
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -390,7 +368,8 @@ def line_band(
             s = s[None]
         if s.shape[-1] != len(xs):
             raise ValueError(f"series {name!r}: expected (n_seeds, {len(xs)}), got {s.shape}")
-        mean, lo, hi = mean_ci(s, axis=0, level=level)
+        mean, lo, hi = interval(s, axis=0, level=level)
+        lo, hi = np.where(np.isnan(lo), mean, lo), np.where(np.isnan(hi), mean, hi)  # one seed
         color = COLORS[(offset + k) % len(COLORS)]
         band_x = np.concatenate([xs, xs[::-1]])
         band_y = np.concatenate([hi, lo[::-1]])

@@ -22,7 +22,13 @@ from .base import (
     register_attention,
 )
 
-__all__ = ["DotProductAttention", "explicit_attention", "masked_softmax", "sdpa"]
+__all__ = [
+    "DotProductAttention",
+    "attention_from_logits",
+    "explicit_attention",
+    "masked_softmax",
+    "sdpa",
+]
 
 
 def masked_softmax(logits: Tensor, keep: Tensor | None) -> Tensor:
@@ -63,9 +69,24 @@ def explicit_attention(
     check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     logits = (q @ k.transpose(-2, -1)) * scale  # (..., Lq, Lk)
-    keep = combine_masks(q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device)
+    res = attention_from_logits(logits, v, causal=causal, mask=mask)
+    return res.out, res.probs, logits  # type: ignore[return-value]
+
+
+def attention_from_logits(
+    logits: Tensor, v: Tensor, *, causal: bool = False, mask: Tensor | None = None
+) -> AttentionResult:
+    """The explicit path every variant shares once it has its logits.
+
+    ``logits (..., Lq, Lk)``, ``v (..., Lk, d_v)``: softmax over the kept entries (causal and/or
+    boolean ``mask``, True = attend), ``out = probs @ v``, and ``diagnostics["nonfinite_logits"]``,
+    the count of NaN/inf logits among the kept entries.
+    """
+    keep = combine_masks(
+        logits.shape[-2], logits.shape[-1], causal=causal, mask=mask, device=logits.device
+    )
     probs = masked_softmax(logits, keep)
-    return probs @ v, probs, logits
+    return AttentionResult(probs @ v, probs, {"nonfinite_logits": count_nonfinite(logits, keep)})
 
 
 def sdpa(
@@ -107,9 +128,7 @@ class DotProductAttention(Attention):
         need_weights: bool,
     ) -> AttentionResult:
         if need_weights:
-            out, probs, logits = explicit_attention(q, k, v, causal=causal, mask=mask)
-            keep = combine_masks(
-                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
-            )
-            return AttentionResult(out, probs, {"nonfinite_logits": count_nonfinite(logits, keep)})
+            check_qkv(q, k, v)
+            logits = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, L, L)
+            return attention_from_logits(logits, v, causal=causal, mask=mask)
         return AttentionResult(sdpa(q, k, v, causal=causal, mask=mask))

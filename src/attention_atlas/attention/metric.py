@@ -21,10 +21,9 @@ from .base import (
     AttentionResult,
     check_qkv,
     combine_masks,
-    count_nonfinite,
     register_attention,
 )
-from .dot import masked_softmax, sdpa
+from .dot import attention_from_logits, masked_softmax, sdpa
 
 __all__ = [
     "CONTRAST_FAMILIES",
@@ -33,6 +32,7 @@ __all__ = [
     "MatroidalAttention",
     "covector_matrix",
     "graph_edges",
+    "graph_family_admits",
     "incidence_matrix",
     "is_signed_incidence",
     "is_totally_unimodular",
@@ -179,13 +179,10 @@ class EuclideanAttention(Attention):
         need_weights: bool,
     ) -> AttentionResult:
         if need_weights:
-            out, probs, logits = euclidean_attention_explicit(
-                q, k, v, self.tau, causal=causal, mask=mask
+            check_qkv(q, k, v)
+            return attention_from_logits(
+                euclidean_logits(q, k, self.tau), v, causal=causal, mask=mask
             )
-            keep = combine_masks(
-                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
-            )
-            return AttentionResult(out, probs, {"nonfinite_logits": count_nonfinite(logits, keep)})
         return AttentionResult(
             squared_distance_attention(q, k, v, self.tau, causal=causal, mask=mask)
         )
@@ -227,6 +224,16 @@ def _check_graph_size(family: str, d: int, m: int) -> None:
             f"graph family {family!r} on d={d} nodes has at most d(d-1)/2={most} edges "
             f"(simple graph), but m={m} were asked for"
         )
+
+
+def graph_family_admits(family: str, d: int, m: int) -> bool:
+    """Whether graph family ``family`` has a graph on ``d`` vertices with exactly ``m`` edges
+    (the condition under which :func:`graph_edges` returns instead of raising)."""
+    try:
+        graph_edges(family, d, m)
+    except ValueError:
+        return False
+    return True
 
 
 def graph_edges(family: str, d: int, m: int, *, seed: int = 0) -> list[tuple[int, int]]:
@@ -586,13 +593,7 @@ class _FactoredMetricAttention(Attention):
         need_weights: bool,
     ) -> AttentionResult:
         if need_weights:
-            logits = self.reference_logits(q, k)  # (B, H, L, L)
-            keep = combine_masks(
-                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
-            )
-            probs = masked_softmax(logits, keep)
-            diag = {"nonfinite_logits": count_nonfinite(logits, keep)}
-            return AttentionResult(probs @ v, probs, diag)
+            return attention_from_logits(self.reference_logits(q, k), v, causal=causal, mask=mask)
         R = self.factor().to(q.dtype)  # (H, d, d)
         Rt = R.transpose(-2, -1).unsqueeze(0)  # (1, H, d, d)
         yq, yk = q @ Rt, k @ Rt  # (B, H, L, d)

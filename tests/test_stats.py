@@ -1,0 +1,49 @@
+"""Means and confidence intervals over seeds, against scipy's own t interval."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as st
+
+from attention_atlas.stats import interval, mean_ci, summarise
+
+
+def test_interval_is_the_student_t_interval_along_the_seed_axis() -> None:
+    rng = np.random.default_rng(0)
+    samples = rng.normal(size=(5, 7))
+    mean, lo, hi = interval(samples)
+    for j in range(7):
+        ref = st.t.interval(0.95, df=4, loc=samples[:, j].mean(), scale=st.sem(samples[:, j]))
+        assert lo[j] == pytest.approx(ref[0], abs=1e-12)
+        assert hi[j] == pytest.approx(ref[1], abs=1e-12)
+    np.testing.assert_allclose(mean, samples.mean(0), atol=1e-15)
+    m1, lo1, hi1 = interval(samples.T, axis=1, level=0.9)
+    ref = st.t.interval(0.9, df=4, loc=samples[:, 2].mean(), scale=st.sem(samples[:, 2]))
+    assert (lo1[2], hi1[2]) == pytest.approx(ref, abs=1e-12)
+
+
+def test_mean_ci_of_a_list_matches_scipy_and_one_seed_gives_no_interval() -> None:
+    values = [1.0, 2.5, 2.0, 4.0]
+    m, lo, hi = mean_ci(values)
+    ref = st.t.interval(0.95, df=3, loc=np.mean(values), scale=st.sem(values))
+    assert m == pytest.approx(2.375) and (lo, hi) == pytest.approx(ref, abs=1e-12)
+    m1, lo1, hi1 = mean_ci([3.0])
+    assert m1 == 3.0 and math.isnan(lo1) and math.isnan(hi1)
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="level"):
+        mean_ci([1.0, 2.0], level=1.5)
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        mean_ci([])
+
+
+def test_summarise_groups_and_reports_n_mean_and_interval() -> None:
+    df = pd.DataFrame({"cfg": ["a", "a", "a", "b", "b"], "loss": [1.0, 2.0, 3.0, 5.0, 7.0]})
+    out = summarise(df, "cfg", "loss").set_index("cfg")
+    assert out.loc["a", "n"] == 3 and out.loc["a", "mean"] == pytest.approx(2.0)
+    assert out.loc["b", "low"] == pytest.approx(st.t.interval(0.95, 1, 6.0, 1.0)[0])
