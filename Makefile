@@ -42,10 +42,11 @@ pytest: $(STAMP) $(VENDOR_STAMP)
 test: lint typecheck pytest
 
 # Jupyter Book's execution cache keys on each chapter's own source; a change to the library
-# (src/) or to the lock must re-run the chapters too, so it empties the cache.
+# (src/) or to the lock must re-run the chapters too, so it empties the cache, and Sphinx's
+# saved environment (without that, Sphinx re-reads only chapters whose own file changed).
 CACHE_STAMP := _build/.cache-inputs-stamp
 $(CACHE_STAMP): $(shell find src -name '*.py' 2>/dev/null) requirements.lock
-	rm -rf _build/.jupyter_cache
+	rm -rf _build/.jupyter_cache _build/.doctrees
 	mkdir -p _build && touch $@
 
 # every chapter executed with its book parameters (jupyter-cache: unchanged chapters are not
