@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_atlas.attention.base import build_attention
+from attention_atlas.attention import build_attention
 from attention_atlas.attention.dot import masked_softmax
 from attention_atlas.attention.metric import (
     CONTRAST_FAMILIES,

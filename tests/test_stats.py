@@ -47,3 +47,63 @@ def test_summarise_groups_and_reports_n_mean_and_interval() -> None:
     out = summarise(df, "cfg", "loss").set_index("cfg")
     assert out.loc["a", "n"] == 3 and out.loc["a", "mean"] == pytest.approx(2.0)
     assert out.loc["b", "low"] == pytest.approx(st.t.interval(0.95, 1, 6.0, 1.0)[0])
+
+
+# -- Interval, paired differences and the verdict rule ----------------------------------------
+
+from attention_atlas.stats import (  # noqa: E402
+    Interval,
+    mean_interval,
+    paired_difference,
+    verdict,
+)
+
+
+def test_paired_difference_equals_the_interval_of_the_per_seed_differences() -> None:
+    a = np.array([1.0, 2.0, 4.0, 3.0])
+    b = np.array([0.5, 1.0, 3.0, 3.5])
+    iv = paired_difference(a, b)
+    ref = st.t.interval(0.95, 3, loc=np.mean(a - b), scale=st.sem(a - b))
+    assert iv.n == 4 and iv.mean == pytest.approx(np.mean(a - b), abs=1e-15)
+    assert (iv.low, iv.high) == pytest.approx(ref, abs=1e-12)
+
+
+def test_paired_difference_of_series_pairs_on_shared_seeds_only() -> None:
+    a = pd.Series([1.0, 2.0, 3.0, 9.0], index=[0, 1, 2, 3])
+    b = pd.Series([0.0, 0.0, 1.0], index=[2, 1, 0])
+    iv = paired_difference(a, b)
+    assert iv.n == 3 and iv.mean == pytest.approx(np.mean([0.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="no seed in common"):
+        paired_difference(a, pd.Series([1.0], index=[7]))
+
+
+def test_interval_format_is_mean_then_bounds_and_says_when_there_is_none() -> None:
+    assert Interval(0.5, 0.25, 0.75, 3).format(2, signed=True) == "+0.50 [+0.25, +0.75]"
+    assert "no interval" in mean_interval([1.0]).format()
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "direction", "outcome"),
+    [
+        (0.2, 0.9, 1, "supported"),  # excludes zero on the predicted side
+        (-0.9, -0.2, 1, "contradicted"),  # the other side
+        (0.01, 0.05, 1, "contradicted"),  # significant but smaller than the sesoi (0.1)
+        (-0.3, 0.4, 1, "not resolved"),  # includes zero and the sesoi
+        (-0.9, -0.2, -1, "supported"),
+        (-0.05, 0.05, 0, "supported"),  # equivalence: inside +-sesoi
+        (0.2, 0.9, 0, "contradicted"),
+        (-0.05, 0.3, 0, "not resolved"),
+    ],
+)
+def test_verdict_rule(low: float, high: float, direction: int, outcome: str) -> None:
+    v = verdict(Interval((low + high) / 2, low, high, 3), sesoi=0.1, direction=direction)
+    assert v.outcome == outcome
+    if outcome == "not resolved":
+        assert v.detectable == pytest.approx((high - low) / 2)
+
+
+def test_verdict_needs_three_runs_and_a_positive_sesoi() -> None:
+    assert verdict(Interval(1.0, 0.5, 1.5, 2), sesoi=0.1).outcome == "not tested"
+    assert verdict(None, sesoi=0.1).outcome == "not tested"
+    with pytest.raises(ValueError, match="sesoi"):
+        verdict(Interval(1.0, 0.5, 1.5, 3), sesoi=0.0)

@@ -160,7 +160,7 @@ def test_regularizers_and_diagnostics_are_called_and_logged(copy_data):
     assert calls["reg"] == 6
     assert (h["reg/_test_l2"] > 0).all()
     assert ((h["_test_maxprob/max"] > 0) & (h["_test_maxprob/max"] <= 1)).all()
-    with pytest.raises(ValueError, match="unknown regularizer 'nope'; registered: .*_test_l2"):
+    with pytest.raises(ValueError, match="unknown regularizer 'nope'; known: .*_test_l2"):
         train(TINY, tiny_cfg(regularizers=[{"name": "nope"}]), copy_data)
 
 

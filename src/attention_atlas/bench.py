@@ -41,7 +41,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .attention.base import AttentionResult, build_attention
+from .attention.base import AttentionResult
+from .attention.registry import build_attention
 
 __all__ = ["bench_attention", "compare", "cpu_time_ratio", "peak_memory"]
 

@@ -604,21 +604,3 @@ def regularizer(model: Any, output: Any, batch: Any, **options: Any) -> Tensor:
 def diagnostic(model: Any, output: Any, batch: Any, **options: Any) -> dict[str, float]:
     """Harness diagnostic ``"cofactor"``: :func:`cofactor_diagnostics` (all heads by default)."""
     return cofactor_diagnostics(_probs_of(output), **options)
-
-
-def _register_with_harness() -> None:
-    """Register the ``"cofactor"`` regulariser and diagnostic with :mod:`attention_atlas.train`."""
-    from .train import (
-        available_diagnostics,
-        available_regularizers,
-        register_diagnostic,
-        register_regularizer,
-    )
-
-    if "cofactor" not in available_regularizers():
-        register_regularizer("cofactor", needs_weights=True)(regularizer)
-    if "cofactor" not in available_diagnostics():
-        register_diagnostic("cofactor")(diagnostic)
-
-
-_register_with_harness()

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention.base import AttentionResult, register_attention
+from .attention.base import AttentionResult
 from .attention.dot import attention_from_logits
 from .attention.riemannian import (
     RiemannianAttention,
@@ -56,7 +56,6 @@ from .attention.riemannian import (
 )
 from .linalg import effective_rank, metric_inverse_apply, sym_pack_gram
 from .models import Block, ModelConfig, ModelOutput, Transformer, attention_modules
-from .train import register_diagnostic, register_regularizer
 
 __all__ = [
     "FiberBundleAttention",
@@ -103,7 +102,6 @@ def geodesic_distance_sq(q: Tensor, k: Tensor, U: Tensor) -> Tensor:
     return euc + 0.5 * term_i + 0.5 * term_j
 
 
-@register_attention("fiber_bundle")
 class FiberBundleAttention(RiemannianAttention):
     """:class:`RiemannianAttention` with each phase switchable alone (for ablations).
 
@@ -118,6 +116,8 @@ class FiberBundleAttention(RiemannianAttention):
     Extras returned: ``metric_factor (B, H, L, d, r)``, ``curvature (B, H, L)`` if Phase B,
     ``transport_a``/``transport_b`` (the factors of ``Delta``) and ``torsion_l``/``torsion_r``.
     """
+
+    name = "fiber_bundle"
 
     def __init__(
         self,
@@ -461,7 +461,6 @@ def regularizer_terms(U: Tensor, *, kappa_min: float, kappa_max: float) -> dict[
     }
 
 
-@register_regularizer("fiber_bundle")
 def fiber_bundle_regularizer(
     model: nn.Module,
     output: ModelOutput,
@@ -562,7 +561,6 @@ def attention_sigma2(probs: Tensor) -> float:
     return float(s[..., 1].mean())
 
 
-@register_diagnostic("fiber_bundle")
 def fiber_bundle_diagnostic(
     model: nn.Module,
     output: ModelOutput,

@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention.base import Attention, AttentionResult, build_attention
+from .attention.base import Attention, AttentionResult
 from .attention.mixed import MixedHeadAttention
+from .attention.registry import build_attention
 
 __all__ = [
     "MLP",

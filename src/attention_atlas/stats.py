@@ -1,16 +1,44 @@
-"""Small statistics shared by the chapters: means with confidence intervals over seeds."""
+"""Statistics shared by the chapters: intervals over seeds, paired differences, and the
+library's one verdict rule.
+
+* :func:`interval` / :func:`mean_interval`: mean and Student-t interval of independent runs.
+* :func:`paired_difference`: the interval of ``a - b`` over the seeds both arms share (pairing
+  by seed cancels the seed-to-seed variation of data order and initialisation).
+* :class:`Interval`: the result, with one text form (:meth:`Interval.format`) for every chapter.
+* :func:`verdict`: the rule. A claim is tested against a smallest effect of interest ``sesoi``
+  declared before the run; the outcome is *supported*, *contradicted*, *not resolved* (with the
+  smallest effect the run could have detected) or *not tested* (with the reason). Absence of a
+  difference is never "holds": it is *not resolved* unless the interval shows the effect is
+  smaller than ``sesoi``.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _st
 
-__all__ = ["interval", "mean_ci", "summarise"]
+__all__ = [
+    "OUTCOMES",
+    "Interval",
+    "Verdict",
+    "interval",
+    "mean_ci",
+    "mean_interval",
+    "paired_difference",
+    "summarise",
+    "verdict",
+]
+
+#: the four outcomes of :func:`verdict`
+OUTCOMES = ("supported", "contradicted", "not resolved", "not tested")
+#: fewest runs (seeds) a verdict may rest on
+MIN_RUNS = 3
 
 
 def interval(
@@ -63,3 +91,162 @@ def summarise(
         names = [by] if isinstance(by, str) else list(by)
         rows.append({**dict(zip(names, keys)), "n": len(g), "mean": m, "low": lo, "high": hi})
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean over ``n`` runs with its two-sided ``level`` interval (NaN bounds when ``n < 2``)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    level: float = 0.95
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    @property
+    def resolved(self) -> bool:
+        """True when the interval exists (two runs or more, finite bounds)."""
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+    def excludes(self, value: float = 0.0) -> bool:
+        return self.resolved and (self.low > value or self.high < value)
+
+    def format(self, digits: int = 3, *, signed: bool = False, spec: str | None = None) -> str:
+        """``"m [low, high]"``: ``digits`` decimals (or a format ``spec`` such as ``".4g"``),
+        with a leading sign when ``signed`` (for differences); ``"m (one run)"`` without an
+        interval."""
+        f = spec if spec is not None else f"{'+' if signed else ''}.{digits}f"
+        if not self.resolved:
+            return f"{self.mean:{f}} (n={self.n}, no interval)"
+        return f"{self.mean:{f}} [{self.low:{f}}, {self.high:{f}}]"
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return self.mean, self.low, self.high
+
+
+def mean_interval(values: Any, level: float = 0.95) -> Interval:
+    """:class:`Interval` of a 1-D sequence of runs (NaN runs are an error, not dropped)."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"values must be a non-empty 1-D sequence, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"values must be finite, got {x.tolist()}")
+    m, lo, hi = interval(x, 0, level)
+    return Interval(float(m), float(lo), float(hi), int(x.size), level)
+
+
+def paired_difference(a: Any, b: Any, level: float = 0.95) -> Interval:
+    """Interval of ``a - b`` paired by run.
+
+    ``a`` and ``b`` are either 1-D arrays of the same length (run ``i`` of one is paired with run
+    ``i`` of the other) or :class:`pandas.Series` indexed by seed (paired on the seeds both have;
+    no shared seed is an error).
+    """
+    if isinstance(a, pd.Series) and isinstance(b, pd.Series):
+        shared = a.index.intersection(b.index)
+        if len(shared) == 0:
+            raise ValueError(f"no seed in common: a has {sorted(a.index)}, b has {sorted(b.index)}")
+        return mean_interval((a.loc[shared] - b.loc[shared]).to_numpy(dtype=float), level)
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if xa.shape != xb.shape or xa.ndim != 1:
+        raise ValueError(f"a and b must be 1-D of the same length, got {xa.shape} and {xb.shape}")
+    return mean_interval(xa - xb, level)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of :func:`verdict`, with what it rests on."""
+
+    outcome: str  # one of OUTCOMES
+    effect: Interval | None
+    sesoi: float
+    direction: int  # +1: the claim predicts an increase, -1 a decrease, 0 no effect
+    reason: str  # one sentence: why this outcome
+    detectable: float | None = None  # for "not resolved": the smallest effect the run resolves
+
+    def __str__(self) -> str:
+        return f"{self.outcome}: {self.reason}"
+
+
+def verdict(
+    effect: Interval | None,
+    *,
+    sesoi: float,
+    direction: int = 1,
+    not_tested: str | None = None,
+    min_runs: int = MIN_RUNS,
+) -> Verdict:
+    """The library's one rule for a claim about an effect.
+
+    Args:
+        effect: the measured effect (usually a :func:`paired_difference` against the control),
+            signed so that ``direction`` is what the claim predicts.
+        sesoi: the smallest effect of interest (> 0), declared before the run, in the units of
+            ``effect``.
+        direction: ``+1`` the claim predicts ``effect >= sesoi``; ``-1`` it predicts
+            ``effect <= -sesoi``; ``0`` it predicts no effect (``|effect| < sesoi``).
+        not_tested: a reason the claim could not be tested (then the outcome is "not tested").
+        min_runs: fewest runs the verdict may rest on (default 3).
+
+    Outcomes (``s = direction * effect`` for a directional claim):
+
+    * *contradicted*: the interval shows the predicted effect is smaller than ``sesoi``
+      (``s.high < sesoi``: opposite, or too small to matter);
+    * *supported*: not contradicted, and the interval excludes zero on the predicted side
+      (``s.low > 0``);
+    * *not resolved*: otherwise; ``detectable`` is the interval's half-width, about the smallest
+      effect this many runs could have told from zero.
+
+    For ``direction=0`` it is *supported* when the whole interval lies inside ``(-sesoi,
+    sesoi)``, *contradicted* when it excludes zero and reaches past ``sesoi`` on that side, and
+    *not resolved* otherwise.
+    """
+    if not (isinstance(sesoi, int | float) and math.isfinite(sesoi) and sesoi > 0):
+        raise ValueError(f"sesoi must be a positive finite number, got {sesoi!r}")
+    if direction not in (-1, 0, 1):
+        raise ValueError(f"direction must be -1, 0 or +1, got {direction!r}")
+    if not_tested is not None:
+        return Verdict("not tested", effect, sesoi, direction, not_tested)
+    if effect is None:
+        return Verdict("not tested", None, sesoi, direction, "no measurement")
+    if effect.n < min_runs or not effect.resolved:
+        return Verdict(
+            "not tested", effect, sesoi, direction,
+            f"{effect.n} run(s); a verdict needs at least {min_runs}",
+        )  # fmt: skip
+    text = effect.format(3, signed=True, spec=".3g")
+    if direction == 0:
+        if -sesoi < effect.low and effect.high < sesoi:
+            return Verdict("supported", effect, sesoi, 0, f"{text} lies inside +-{sesoi:.3g}")
+        if (effect.low > 0 and effect.high > sesoi) or (effect.high < 0 and effect.low < -sesoi):
+            return Verdict(
+                "contradicted", effect, sesoi, 0,
+                f"{text} excludes zero and reaches past +-{sesoi:.3g}",
+            )  # fmt: skip
+        return Verdict(
+            "not resolved", effect, sesoi, 0,
+            f"{text} cannot decide against +-{sesoi:.3g}", effect.half_width,
+        )  # fmt: skip
+    lo, hi = sorted((direction * effect.low, direction * effect.high))
+    side = "increase" if direction > 0 else "decrease"
+    if hi < sesoi:
+        return Verdict(
+            "contradicted", effect, sesoi, direction,
+            f"{text} rules out an {side} of {sesoi:.3g} or more",
+        )  # fmt: skip
+    if lo > 0:
+        return Verdict(
+            "supported", effect, sesoi, direction,
+            f"{text} excludes zero on the predicted side ({side})",
+        )  # fmt: skip
+    return Verdict(
+        "not resolved", effect, sesoi, direction,
+        f"{text} includes zero and an {side} of {sesoi:.3g}", effect.half_width,
+    )  # fmt: skip

@@ -58,6 +58,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention.base import Attention
+from .attention.registry import (
+    available_diagnostics,
+    available_regularizers,
+    get_diagnostic,
+    get_regularizer,
+    register_diagnostic,
+    register_regularizer,
+)
 from .data import IGNORE_INDEX, ArrayTask, TextCorpus, eval_windows, load_task, make_sampler
 from .linalg import effective_rank
 from .models import ModelConfig, ModelOutput, Transformer, attention_modules, param_counts
@@ -75,87 +83,7 @@ __all__ = [
     "train",
 ]
 
-# -- extension points ------------------------------------------------------------------------
-
-Regularizer = Callable[..., Tensor]
-Diagnostic = Callable[..., dict[str, float]]
-_REGULARIZERS: dict[str, tuple[Regularizer, bool]] = {}
-_DIAGNOSTICS: dict[str, Diagnostic] = {}
-
-
-def register_regularizer(
-    name: str, *, needs_weights: bool = False
-) -> Callable[[Regularizer], Regularizer]:
-    """Register ``fn(model, output, batch, **options) -> Tensor`` (a scalar added to the loss,
-    times the spec's ``weight``). ``model`` is the bare :class:`Transformer`, ``output`` its
-    :class:`ModelOutput` on the training batch, ``batch`` the ``(x, y)`` pair. With
-    ``needs_weights=True`` the training forward is run with ``need_weights=True`` so that
-    ``output.attentions[l].probs`` are there (the explicit, slower path)."""
-
-    def deco(fn: Regularizer) -> Regularizer:
-        if name in _REGULARIZERS and _REGULARIZERS[name][0] is not fn:
-            raise ValueError(f"regularizer {name!r} is already registered")
-        _REGULARIZERS[name] = (fn, needs_weights)
-        return fn
-
-    return deco
-
-
-def register_diagnostic(name: str) -> Callable[[Diagnostic], Diagnostic]:
-    """Register ``fn(model, output, batch, **options) -> dict[str, float]``, called at each log
-    step (eval mode, no grad) on the diagnostic batch with ``need_weights=True``; its values are
-    logged as ``<name>/<key>``."""
-
-    def deco(fn: Diagnostic) -> Diagnostic:
-        if name in _DIAGNOSTICS and _DIAGNOSTICS[name] is not fn:
-            raise ValueError(f"diagnostic {name!r} is already registered")
-        _DIAGNOSTICS[name] = fn
-        return fn
-
-    return deco
-
-
-def available_regularizers() -> list[str]:
-    _import_providers()
-    return sorted(_REGULARIZERS)
-
-
-def available_diagnostics() -> list[str]:
-    _import_providers()
-    return sorted(_DIAGNOSTICS)
-
-
-#: modules that register regularizers or diagnostics when imported (imported on first lookup,
-#: so that a name such as "cofactor" works from the command line without an explicit import)
-_PROVIDERS = (
-    "attention_atlas.cofactor",
-    "attention_atlas.attention.riemannian",
-    "attention_atlas.fiber_bundle",
-)
-
-
-def _import_providers() -> None:
-    import importlib
-
-    for mod in _PROVIDERS:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as err:  # a provider not written yet
-            if err.name != mod:
-                raise
-
-
-def _lookup(kind: str, table: dict[str, Any], spec: dict[str, Any]) -> Any:
-    if "name" not in spec:
-        raise ValueError(f"a {kind} spec needs a 'name', got {spec!r}")
-    if spec["name"] not in table:
-        _import_providers()
-    if spec["name"] not in table:
-        raise ValueError(
-            f"unknown {kind} {spec['name']!r}; registered: {', '.join(sorted(table)) or '(none)'}"
-        )
-    return table[spec["name"]]
-
+# -- extension points: the registry (attention_atlas.attention.registry) ------------------------
 
 # -- configuration ---------------------------------------------------------------------------
 
@@ -210,6 +138,12 @@ class TrainResult:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _spec_name(kind: str, spec: dict[str, Any]) -> str:
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ValueError(f"a {kind} spec needs a 'name', got {spec!r}")
+    return str(spec["name"])
 
 
 def seed_everything(seed: int) -> None:
@@ -521,7 +455,7 @@ def _diagnostics(
         for i, h in enumerate(out.hidden):
             row[f"erank_{i}"] = float(effective_rank(h.float()).mean())
     for spec in cfg.diagnostics:
-        fn = _lookup("diagnostic", _DIAGNOSTICS, spec)
+        fn = get_diagnostic(_spec_name("diagnostic", spec))
         opts = {k: v for k, v in spec.items() if k != "name"}
         for k, v in fn(model, out, batch, **opts).items():
             row[f"{spec['name']}/{k}"] = float(v)
@@ -588,9 +522,9 @@ def train(
     if cfg.schedule == "time" and not cfg.max_time_s:
         raise ValueError("schedule='time' needs max_time_s (the budget the cosine spans)")
     for spec in cfg.regularizers:
-        _lookup("regularizer", _REGULARIZERS, spec)
+        get_regularizer(_spec_name("regularizer", spec))
     for spec in cfg.diagnostics:
-        _lookup("diagnostic", _DIAGNOSTICS, spec)
+        get_diagnostic(_spec_name("diagnostic", spec))
 
     # 1. processes and devices
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
@@ -685,7 +619,7 @@ def _train(
         ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    needs_w = any(_REGULARIZERS[s["name"]][1] for s in cfg.regularizers)
+    needs_w = any(get_regularizer(s["name"])[1] for s in cfg.regularizers)
     diag_batch = next(_eval_batches(data, "val", cfg.weights_batch, cfg.seq_len, 1))
     diag_batch = (diag_batch[0].to(device), diag_batch[1].to(device))
 
@@ -712,7 +646,7 @@ def _train(
         loss = _loss(out.logits, y)
         total = loss
         for spec in cfg.regularizers:
-            fn = _REGULARIZERS[spec["name"]][0]
+            fn = get_regularizer(spec["name"])[0]
             opts = {k: v for k, v in spec.items() if k not in ("name", "weight")}
             r = fn(bare, out, (x, y), **opts)
             total = total + float(spec.get("weight", 1.0)) * r

@@ -1,12 +1,7 @@
 """Attention variants, one module per family, all behind one interface (see :mod:`.base`)."""
 
-from .base import (
-    Attention,
-    AttentionResult,
-    available_attention,
-    build_attention,
-    register_attention,
-)
+from .base import Attention, AttentionResult
+from .registry import available_attention, build_attention, register_attention
 
 __all__ = [
     "Attention",

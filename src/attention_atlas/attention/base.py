@@ -13,16 +13,13 @@ they come from (a Riemannian metric or an SSM decay is computed from ``x``).
 Functional forms of each variant (for example :func:`attention_atlas.attention.dot.sdpa`)
 take ``q, k, v`` directly, so the same maths is usable without a module.
 
-``build_attention(name, **config)`` builds any registered variant by name; an unknown
-name or an option the variant does not take is a :class:`ValueError` that lists what exists.
+Variants are built by name through :mod:`attention_atlas.attention.registry`
+(``build_attention(name, **config)``).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -30,12 +27,9 @@ from torch import Tensor, nn
 __all__ = [
     "Attention",
     "AttentionResult",
-    "available_attention",
-    "build_attention",
     "check_qkv",
     "combine_masks",
     "count_nonfinite",
-    "register_attention",
 ]
 
 
@@ -136,7 +130,7 @@ class Attention(nn.Module):
         dropout: dropout on the output projection.
     """
 
-    #: registry name, set by :func:`register_attention`
+    #: registry name (see :mod:`attention_atlas.attention.registry`)
     name: str = "base"
 
     def __init__(
@@ -210,86 +204,3 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, n_heads={self.n_heads}, head_dim={self.head_dim}"
-
-
-_REGISTRY: dict[str, type[Attention]] = {}
-A = TypeVar("A", bound=type[Attention])
-
-
-def register_attention(name: str) -> Callable[[A], A]:
-    """Class decorator: make a variant buildable by ``build_attention(name, ...)``."""
-
-    def deco(cls: A) -> A:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"attention variant {name!r} is already registered")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def available_attention() -> list[str]:
-    """Names of every registered variant, sorted."""
-    _import_all()
-    return sorted(_REGISTRY)
-
-
-def _options(cls: type[Attention]) -> dict[str, inspect.Parameter]:
-    """All keyword options of a variant's constructor (following ``**kwargs`` up the MRO)."""
-    opts: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        if klass is nn.Module or not issubclass(klass, Attention):
-            continue
-        sig = inspect.signature(klass.__init__)
-        params = [p for p in sig.parameters.values() if p.name != "self"]
-        for p in params:
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-                opts.setdefault(p.name, p)
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
-    return opts
-
-
-def build_attention(name: str, **config: Any) -> Attention:
-    """Build a registered attention variant.
-
-    Args:
-        name: registry name (see :func:`available_attention`).
-        **config: constructor options of that variant (``dim`` and ``n_heads`` always).
-
-    Raises:
-        ValueError: unknown name (the message lists the registered ones) or an option the
-            variant does not take (the message lists the options it does take).
-    """
-    _import_all()
-    if name not in _REGISTRY:
-        raise ValueError(
-            f"unknown attention variant {name!r}; registered: {', '.join(sorted(_REGISTRY))}"
-        )
-    cls = _REGISTRY[name]
-    opts = _options(cls)
-    unknown = sorted(set(config) - set(opts))
-    if unknown:
-        raise ValueError(
-            f"attention variant {name!r} does not take option(s) {unknown}; "
-            f"it takes: {', '.join(sorted(opts))}"
-        )
-    missing = [
-        n for n, p in opts.items() if p.default is inspect.Parameter.empty and n not in config
-    ]
-    if missing:
-        raise ValueError(f"attention variant {name!r} needs option(s) {missing}")
-    return cls(**config)
-
-
-def _import_all() -> None:
-    """Import every module that registers variants (the registry fills on import)."""
-    import importlib
-
-    for mod in ("dot", "metric", "riemannian", "sma", "mixed"):
-        try:
-            importlib.import_module(f"attention_atlas.attention.{mod}")
-        except ModuleNotFoundError as err:  # a family not written yet
-            if err.name != f"attention_atlas.attention.{mod}":
-                raise

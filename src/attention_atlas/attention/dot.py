@@ -19,7 +19,6 @@ from .base import (
     check_qkv,
     combine_masks,
     count_nonfinite,
-    register_attention,
 )
 
 __all__ = [
@@ -112,9 +111,10 @@ def sdpa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
 
 
-@register_attention("dot")
 class DotProductAttention(Attention):
     """Multi-head scaled dot-product attention (SDPA fast path, explicit path for weights)."""
+
+    name = "dot"
 
     def attend(
         self,

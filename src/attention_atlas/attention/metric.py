@@ -21,7 +21,6 @@ from .base import (
     AttentionResult,
     check_qkv,
     combine_masks,
-    register_attention,
 )
 from .dot import attention_from_logits, masked_softmax, sdpa
 
@@ -154,7 +153,6 @@ def squared_distance_attention(
 euclidean_attention = squared_distance_attention
 
 
-@register_attention("euclidean")
 class EuclideanAttention(Attention):
     """Multi-head Euclidean distance attention ``softmax(-|q_i - k_j|^2 / tau) v``.
 
@@ -162,6 +160,8 @@ class EuclideanAttention(Attention):
         tau: temperature (default ``sqrt(2 * head_dim)``, which puts the logits on the
             scale of dot-product attention's).
     """
+
+    name = "euclidean"
 
     def __init__(self, dim: int, n_heads: int, tau: float | None = None, **kwargs) -> None:
         super().__init__(dim, n_heads, **kwargs)
@@ -604,7 +604,6 @@ class _FactoredMetricAttention(Attention):
         return super().extra_repr() + f", tau={self.tau:.3g}, eps={self.eps:g}"
 
 
-@register_attention("matroidal")
 class MatroidalAttention(_FactoredMetricAttention):
     """Matroidal Mahalanobis attention: ``M_h = A diag(softplus(theta_h)) A^T + eps I`` per head.
 
@@ -619,6 +618,8 @@ class MatroidalAttention(_FactoredMetricAttention):
     Parameters: ``theta (H, m)``; buffer ``A (H, d, m)`` (the same ``A`` for every head unless
     pruned, when each head keeps its own columns, padded with zero columns).
     """
+
+    name = "matroidal"
 
     A: Tensor
 
@@ -698,7 +699,6 @@ class MatroidalAttention(_FactoredMetricAttention):
         return super().extra_repr() + f", graph={self.graph!r}, m={self.m}"
 
 
-@register_attention("mahalanobis")
 class MahalanobisAttention(_FactoredMetricAttention):
     """Dense learned Mahalanobis attention: ``M_h = W_h W_h^T + eps I`` per head.
 
@@ -709,6 +709,8 @@ class MahalanobisAttention(_FactoredMetricAttention):
 
     Parameters: ``W (H, d, rank)``, initialised to the first ``rank`` columns of the identity.
     """
+
+    name = "mahalanobis"
 
     def __init__(
         self,

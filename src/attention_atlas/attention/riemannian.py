@@ -57,7 +57,6 @@ from .base import (
     check_qkv,
     combine_masks,
     count_nonfinite,
-    register_attention,
 )
 from .dot import masked_softmax
 
@@ -1108,7 +1107,6 @@ class MetricAwareProjection(nn.Module):
         return metric_aware_projection(q, U, torch.sigmoid(self.gamma_param))
 
 
-@register_attention("riemannian")
 class RiemannianAttention(Attention):
     """Multi-head geodesic attention with per-token low-rank metrics from the hidden state.
 
@@ -1130,6 +1128,8 @@ class RiemannianAttention(Attention):
             ``sigmoid(-3)``); needs ``transport_rank > 0``.
         method: fast-path method of :func:`geodesic_attention`.
     """
+
+    name = "riemannian"
 
     def __init__(
         self,

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Attention, AttentionResult, count_nonfinite, register_attention
+from .base import Attention, AttentionResult, count_nonfinite
 
 __all__ = [
     "SSD_METHODS",
@@ -698,7 +698,6 @@ def ssd(
 # --------------------------------------------------------------------------------------
 
 
-@register_attention("ssm")
 class SSMAttention(Attention):
     """Mamba-2-style SSM as causal attention: queries as C, keys as B, values as x.
 
@@ -725,6 +724,8 @@ class SSMAttention(Attention):
         dt_min, dt_max: the initial ``dt`` is log-uniform in this range (via the bias).
         a_init_range: the initial rates ``-A`` are uniform in this range.
     """
+
+    name = "ssm"
 
     def __init__(
         self,
