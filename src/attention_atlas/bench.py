@@ -44,7 +44,13 @@ from torch import Tensor
 from .attention.base import AttentionResult
 from .attention.registry import build_attention
 
-__all__ = ["bench_attention", "compare", "cpu_time_ratio", "peak_memory"]
+__all__ = [
+    "bench_attention",
+    "compare",
+    "count_flops",
+    "cpu_time_ratio",
+    "peak_memory",
+]
 
 
 def _first_tensor(out: Any) -> Tensor:
@@ -174,6 +180,20 @@ def cpu_time_ratio(
         }
         ratios = [sample(slow, number[slow]) / sample(fast, number[fast]) for _ in range(reps)]
     return statistics.median(ratios)
+
+
+def count_flops(fn: Callable[..., Any], *args: Any, backward: bool = False) -> int:
+    """FLOPs of the matrix products one call of ``fn(*args)`` runs, counted exactly by
+    :class:`torch.utils.flop_counter.FlopCounterMode` (elementwise work is not counted;
+    ``2 m n k`` per ``(m, k) @ (k, n)`` product). With ``backward`` the count includes the
+    backward of the output's sum with respect to every argument that requires grad."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        out = _first_tensor(fn(*args))
+        if backward:
+            out.sum().backward()
+    return int(counter.get_total_flops())
 
 
 def compare(

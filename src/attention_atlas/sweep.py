@@ -38,9 +38,7 @@ __all__ = [
     "run_sweep",
 ]
 
-#: experiment name -> module with ``PRESETS`` (name -> grid keyword arguments),
-#: ``chapter_grid(**kwargs) -> {config: params}`` and ``run_cell(params, seed) -> metrics``
-EXPERIMENTS: dict[str, str] = {"fiber-bundle": "attention_atlas.fiber_bundle"}
+from .experiments import EXPERIMENTS, experiment
 
 
 @dataclass(frozen=True)
@@ -222,9 +220,7 @@ def add_subcommand(subparsers: Any) -> None:
 
 
 def _cli_sweep(args: Any) -> int:
-    import importlib
-
-    mod = importlib.import_module(EXPERIMENTS[args.experiment])
+    mod = experiment(args.experiment)
     if args.preset not in mod.PRESETS:
         raise SystemExit(f"unknown preset {args.preset!r}; known: {', '.join(mod.PRESETS)}")
     kwargs = dict(mod.PRESETS[args.preset])
