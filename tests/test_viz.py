@@ -80,3 +80,18 @@ def test_add_selector_shows_one_group_at_a_time() -> None:
 def test_heatmap_rejects_a_non_matrix() -> None:
     with pytest.raises(ValueError, match="2-D matrix"):
         viz.heatmap(np.ones(3))
+
+
+def test_mean_interval_draws_each_groups_mean_and_t_interval_half_width() -> None:
+    import numpy as np
+    from scipy import stats as st
+
+    runs = {"a": [1.0, 2.0, 3.0], "b": [2.0, 2.5, 4.0, 4.5], "one": [7.0]}
+    fig = viz.mean_interval(runs, mode="bar", name="demo")
+    tr = fig.data[0]
+    assert list(tr.x) == ["a", "b", "one"]
+    assert np.allclose(tr.y, [2.0, 3.25, 7.0])
+    for label, half in zip(runs, tr.error_y.array):
+        r = np.asarray(runs[label])
+        want = 0.0 if r.size < 2 else st.t.ppf(0.975, r.size - 1) * st.sem(r)
+        assert half == pytest.approx(want, rel=1e-12)

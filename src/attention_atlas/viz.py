@@ -404,6 +404,66 @@ def line_band(
     return fig
 
 
+def mean_interval(
+    groups: Mapping[str, Any],
+    *,
+    x: Sequence[Any] | None = None,
+    fig: go.Figure | None = None,
+    row: int | None = None,
+    col: int | None = None,
+    name: str | None = None,
+    mode: str = "markers",
+    level: float = 0.95,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    color: str | None = None,
+) -> go.Figure:
+    """Means over runs with their ``level`` Student-t intervals as error bars, one point (or
+    bar, ``mode="bar"``) per group.
+
+    Args:
+        groups: ``{label: runs}``, each ``runs`` a 1-D array (one value per seed); the
+            interval is :func:`attention_atlas.stats.interval` (none drawn for one run).
+        x: x positions (default: the labels, a categorical axis).
+        fig, row, col: add to this figure (and subplot) instead of a new one.
+        name: legend name of the trace (no legend entry when None).
+        mode: ``"markers"``, ``"lines+markers"`` or ``"bar"``.
+    """
+    labels = list(groups)
+    means, errs = [], []
+    for label in labels:
+        runs = _np(groups[label]).astype(float).ravel()
+        m, _, hi = interval(runs, 0, level)
+        means.append(float(m))
+        errs.append(0.0 if np.isnan(hi) else float(hi - m))
+    xs = list(x) if x is not None else labels
+    if len(xs) != len(labels):
+        raise ValueError(f"x has {len(xs)} positions for {len(labels)} groups")
+    err = {"type": "data", "array": errs, "visible": True}
+    style = {"color": color} if color else {}
+    trace: go.Bar | go.Scatter
+    if mode == "bar":
+        trace = go.Bar(x=xs, y=means, error_y=err, name=name, marker=style)
+    else:
+        trace = go.Scatter(x=xs, y=means, error_y=err, mode=mode, name=name, marker=style)
+    trace.showlegend = name is not None
+    fig = fig or go.Figure()
+    if row is not None and col is not None:
+        fig.add_trace(trace, row=row, col=col)
+    else:
+        fig.add_trace(trace)
+    if title is not None:
+        fig.update_layout(title=title)
+    if xlabel is not None or ylabel is not None:
+        kw = {"row": row, "col": col} if row is not None and col is not None else {}
+        if xlabel is not None:
+            fig.update_xaxes(title=xlabel, **kw)
+        if ylabel is not None:
+            fig.update_yaxes(title=ylabel, **kw)
+    return fig
+
+
 def _rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
