@@ -1,4 +1,7 @@
-"""The benchmark harness: interleaved timing, ratios against a baseline, peak memory, JSON."""
+"""The benchmark harness: interleaved timing, ratios against a baseline, peak memory, JSON.
+
+The arithmetic of :func:`compare` is checked on a scripted clock; claims about how long real
+kernels take belong in ``benchmarks/`` (``benchmarks/bench_compare.py`` for this harness)."""
 
 from __future__ import annotations
 
@@ -7,27 +10,61 @@ import json
 import pytest
 import torch
 
+from attention_atlas import bench
 from attention_atlas.bench import bench_attention, compare, format_table, peak_memory
 
 torch.set_num_threads(1)  # tiny ops on a shared 2-core machine: threads only contend
 
 
-def test_compare_reports_medians_and_ratios_against_the_baseline(tmp_path):
-    x = torch.randn(64, 64, requires_grad=True)
-    fns = {"one": lambda x: x @ x, "three": lambda x: x @ x @ x @ x}
+def test_compare_reports_medians_quartiles_and_per_round_ratios_of_its_samples(
+    monkeypatch, tmp_path
+):
+    # A scripted clock instead of the machine's: "three" costs 3x "one", forward+backward 2x
+    # forward, and every round is slower than the last by the same factor for both (a load
+    # that grows between rounds: 2, 5, 10 times the warm-up), so each round's ratio is exactly 3 while medians move.
+    cost = {"one": 1e-3, "three": 3e-3}
+    calls: list[tuple[str, bool]] = []
+
+    def make(name):
+        def fn(x):
+            calls.append((name, torch.is_grad_enabled()))
+            return x * 1.0
+
+        return fn
+
+    def scripted_time(step, number, device):
+        step()
+        name, grad = calls[-1]
+        k = calls.count(calls[-1]) - 1  # 0: the warm-up call, then rounds 1, 2, 3
+        return cost[name] * (2.0 if grad else 1.0) * (1 + k * k)
+
+    monkeypatch.setattr(bench, "_time", scripted_time)
+    x = torch.randn(4, requires_grad=True)
     res = compare(
-        fns, "one", (x,), reps=3, warmup=1, min_sample_s=0.002, json_path=tmp_path / "r.json"
-    )
-    for name in fns:
-        for mode in ("forward", "forward_backward"):
-            r = res["results"][name][mode]
-            assert len(r["samples_s"]) == 3 and r["median_s"] > 0
-            assert r["ratio_q25"] <= r["ratio_median"] <= r["ratio_q75"]
-    assert res["results"]["one"]["forward"]["ratio_median"] == 1.0
-    # three matmuls cost more than one (a loose bound: the machine is shared)
-    assert res["results"]["three"]["forward"]["ratio_median"] > 1.2
+        {"one": make("one"), "three": make("three")}, "one", (x,), reps=3, warmup=1,
+        min_sample_s=0.01, memory=False, json_path=tmp_path / "r.json",
+    )  # fmt: skip
+    r = res["results"]
+    # calls per sample: ceil(min_sample_s / warm-up time)
+    assert [r[n][m]["number"] for n in cost for m in ("forward", "forward_backward")] == [
+        10, 5, 4, 2,
+    ]  # fmt: skip
+    one = r["one"]["forward"]
+    assert one["samples_s"] == pytest.approx([2e-3, 5e-3, 10e-3])
+    assert (one["median_s"], one["q25_s"], one["q75_s"]) == pytest.approx((5e-3, 3.5e-3, 7.5e-3))
+    assert r["three"]["forward_backward"]["median_s"] == pytest.approx(2 * 3 * 5e-3)
+    for m in ("forward", "forward_backward"):
+        assert r["one"][m]["ratio_median"] == r["one"][m]["ratio_q25"] == 1.0
+        three = r["three"][m]
+        assert (three["ratio_q25"], three["ratio_median"], three["ratio_q75"]) == pytest.approx(
+            (3.0, 3.0, 3.0)
+        )
+    # rounds are interleaved, the order rotating: one three | three one | one three
+    timed = [n for n, grad in calls if not grad][2:]  # forward calls after the warm-up
+    assert timed == ["one", "three", "three", "one", "one", "three"]
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["baseline"] == "one" and set(saved["results"]) == {"one", "three"}
+    assert saved["results"]["three"]["forward"]["ratio_median"] == pytest.approx(3.0)
     assert "three" in format_table(res)
 
 

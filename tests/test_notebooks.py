@@ -47,8 +47,37 @@ def write_chapter(folder: Path, name: str, body: str) -> Path:
 # -- every chapter -----------------------------------------------------------------------------
 
 
-def test_there_are_chapters() -> None:
-    assert CHAPTERS, "no notebooks/*.py found"
+def toc_files() -> list[str]:
+    """Every ``file:`` of ``_toc.yml`` (the root first), in the order the book lists them."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+
+    def files(node: object) -> list[str]:
+        if isinstance(node, dict):
+            own = [node[k] for k in ("root", "file") if k in node]
+            return own + [f for k, v in node.items() if k not in ("root", "file") for f in files(v)]
+        if isinstance(node, list):
+            return [f for v in node for f in files(v)]
+        return []
+
+    return files(toc)
+
+
+def test_the_table_of_contents_lists_exactly_the_chapters_in_reading_order() -> None:
+    listed = [f for f in toc_files() if f.startswith("notebooks/")]
+    want = [f"notebooks/{p.stem}" for p in CHAPTERS]
+    missing, extra = sorted(set(want) - set(listed)), sorted(set(listed) - set(want))
+    assert not missing, f"add `- file: NAME` to _toc.yml for {missing}"
+    assert not extra, f"_toc.yml lists {extra}, which are not chapters in notebooks/"
+    assert listed == want, "_toc.yml must list the chapters once each, in NN_ order"
+    assert len(want) >= 8  # chapters 0 to 7 at least
+
+
+def test_every_page_of_the_table_of_contents_exists() -> None:
+    for entry in toc_files():
+        found = [p for p in (ROOT / entry).parent.glob(f"{Path(entry).name}.*")]
+        assert any(p.suffix in (".py", ".md", ".ipynb") for p in found), f"{entry}: no such page"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
@@ -57,24 +86,6 @@ def test_chapter_declares_literal_parameters_and_a_valid_smoke_set(path: Path) -
     assert params, f"{path.name}: the parameters cell declares nothing"
     smoke = chapter_smoke(path)
     validate_parameters(params, smoke, chapter=path.stem, source="SMOKE")
-
-
-@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
-def test_chapter_is_in_the_table_of_contents(path: Path) -> None:
-    import yaml
-
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-
-    def files(node: object) -> list[str]:
-        if isinstance(node, dict):
-            own = [node["file"]] if "file" in node else []
-            return own + [f for v in node.values() for f in files(v)]
-        if isinstance(node, list):
-            return [f for v in node for f in files(v)]
-        return []
-
-    listed = files(toc)
-    assert f"notebooks/{path.stem}" in listed, f"add `- file: notebooks/{path.stem}` to _toc.yml"
 
 
 @pytest.mark.slow

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 #: command name -> module whose ``add_subcommand(subparsers)`` registers it
 COMMANDS: dict[str, str] = {
-    "notebooks": "attention_atlas.notebooks",
-    "train": "attention_atlas.train",
+    "notebooks": "attention_atlas.notebooks.cli",
+    "train": "attention_atlas.train.cli",
     "bench": "attention_atlas.bench",
     "sweep": "attention_atlas.sweep",
 }

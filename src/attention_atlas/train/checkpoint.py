@@ -1,0 +1,169 @@
+"""Seeds, RNG states and checkpoints: atomic writes and an exact resume.
+
+A checkpoint holds the model, optimiser and scheduler, every rank's RNG states (torch, numpy,
+python, CUDA) and sampler position, and the run's :class:`Progress` (step, history, the
+current log interval, FLOPs, training time). It is written to a temporary file, flushed and
+renamed, so a kill at any moment leaves either the previous checkpoint or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .ddp import rank_world
+
+__all__ = [
+    "Progress",
+    "atomic_save",
+    "atomic_write_text",
+    "load_checkpoint",
+    "new_interval",
+    "rng_state",
+    "save_checkpoint",
+    "seed_everything",
+    "set_rng_state",
+]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's ``random``, numpy's global RNG and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))  # noqa: NPY002 (seed the legacy global RNG on purpose)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """The RNG states of torch (and CUDA), numpy's global RNG and python's ``random``."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),  # noqa: NPY002
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])  # noqa: NPY002
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """Write ``obj`` with :func:`torch.save` to a temporary file, fsync, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    """Write ``text`` to a temporary file, then rename it to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def new_interval() -> dict[str, Any]:
+    """Sums over the current log interval: loss, gradient norms, tokens, steps, regularisers."""
+    return {"loss": 0.0, "gnorms": [], "tokens": 0, "n": 0, "reg": {}}
+
+
+@dataclass
+class Progress:
+    """Where a run is: what a checkpoint holds besides the model, optimiser, scheduler,
+    sampler and RNG states."""
+
+    step: int = 0  # optimiser steps done
+    history: list[dict[str, float]] = field(default_factory=list)  # one row per log step
+    interval: dict[str, Any] = field(default_factory=new_interval)  # the current log interval
+    flops: dict[str, int] = field(default_factory=dict)  # measure_flops, once per run
+    timing: dict[str, float] = field(
+        default_factory=lambda: {"t_train": 0.0, "interval_elapsed": 0.0}
+    )  # training time so far, and within the current interval
+
+
+def save_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    sampler: Any,
+    progress: Progress,
+    configs: dict[str, dict[str, Any]],
+) -> None:
+    """Every rank's RNG and sampler state are gathered; rank 0 writes the file atomically.
+    ``configs`` (``train_config``, ``model_config``) are stored beside the state."""
+    rank, world = rank_world()
+    rng, samp = rng_state(), sampler.state_dict()
+    if world > 1:
+        rngs: list[Any] = [None] * world
+        samps: list[Any] = [None] * world
+        dist.all_gather_object(rngs, rng)
+        dist.all_gather_object(samps, samp)
+    else:
+        rngs, samps = [rng], [samp]
+    if rank == 0:
+        atomic_save(
+            {
+                "step": progress.step,
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "sampler": samps,
+                "rng": rngs,
+                "history": progress.history,
+                "interval": progress.interval,
+                "flops": progress.flops,
+                "timing": progress.timing,
+                "world_size": world,
+                **configs,
+            },
+            path,
+        )
+    if world > 1:
+        dist.barrier()
+
+
+def load_checkpoint(
+    path: Path,
+    device: torch.device,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    sampler: Any,
+) -> Progress:
+    """Restore model, optimiser, scheduler, this rank's sampler and RNG states from ``path``;
+    return the run's progress."""
+    rank, world = rank_world()
+    state = torch.load(path, map_location=device, weights_only=False)
+    if state["world_size"] != world:
+        raise ValueError(
+            f"checkpoint {path} was written by {state['world_size']} processes, "
+            f"resuming with {world}"
+        )
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"][rank])
+    set_rng_state(state["rng"][rank])
+    progress = Progress(state["step"], state["history"], state["interval"], state["flops"])
+    if "timing" in state:
+        progress.timing = state["timing"]
+    return progress

@@ -1,0 +1,411 @@
+"""The training loop: :func:`train` (set-up, optimiser steps, logging, checkpoints, the run
+record)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..attention.registry import get_regularizer
+from ..data import ArrayTask, TextCorpus, make_sampler
+from ..models import ModelConfig, Transformer, param_counts
+from .checkpoint import (
+    Progress,
+    atomic_write_text,
+    load_checkpoint,
+    new_interval,
+    save_checkpoint,
+    seed_everything,
+)
+from .config import TrainConfig, check_run
+from .ddp import init_process_group, rank_world
+from .evaluate import cross_entropy, diagnostics, eval_batches, evaluate
+from .flops import measure_flops
+from .optim import lr_at, lr_at_time, param_groups
+from .provenance import git_commit, versions
+
+__all__ = ["TrainResult", "train"]
+
+Callback = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns."""
+
+    history: pd.DataFrame  # one row per log step
+    final: dict[str, float]  # final metrics (full validation, test if asked)
+    model: Transformer  # the trained model (bare, not DDP-wrapped)
+    record: dict[str, Any]  # the run record (also run.json in out_dir)
+    out_dir: Path | None = None
+
+
+def train(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    data: TextCorpus | ArrayTask,
+    *,
+    resume: bool = False,
+    callbacks: list[Callback] | None = None,
+) -> TrainResult:
+    """Train a :class:`Transformer` on ``data`` and return its history, final metrics and model.
+
+    Args:
+        model_cfg: the model; its data-dependent fields (``task``, ``vocab_size`` /
+            ``n_classes`` / ``patch_dim``, ``max_len``) are filled in from ``data``.
+        train_cfg: the run.
+        data: a :class:`~attention_atlas.data.TextCorpus` or :class:`~attention_atlas.data.ArrayTask`.
+        resume: continue from ``out_dir/checkpoint.pt`` if it exists.
+        callbacks: ``fn(step, info)`` called after each optimiser step (``step`` counts from 1;
+            ``info`` has ``loss`` and ``grad_norm``), before that step's logging and checkpoint.
+
+    Under ``torchrun`` (``WORLD_SIZE > 1``) the process group is set up here (gloo on CPU,
+    nccl on CUDA) and torn down at the end.
+    """
+    cfg = train_cfg
+    if resume and not cfg.out_dir:
+        raise ValueError("resume=True needs out_dir")
+    check_run(cfg)
+    device, own_group = init_process_group(cfg.device)  # 1. processes and devices
+    det_before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    if cfg.deterministic:
+        _set_deterministic(True, warn_only=True)
+    threads_before = torch.get_num_threads()
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        run = _build(model_cfg, cfg, data, device, callbacks or [])
+        if resume and run.ckpt_path is not None and run.ckpt_path.exists():
+            run.progress = load_checkpoint(
+                run.ckpt_path, device, run.model, run.opt, run.sched, run.sampler
+            )
+        return _train(run)
+    finally:
+        _set_deterministic(*det_before)
+        torch.set_num_threads(threads_before)
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _set_deterministic(mode: bool, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms`` without its import of torch._inductor (seconds),
+    unless inductor is already loaded (then its config flag is set too)."""
+    if "torch._inductor" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+
+# -- set-up ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """One run's objects and its progress."""
+
+    cfg: TrainConfig
+    mcfg: ModelConfig  # the model config with the data-dependent fields filled in
+    data: TextCorpus | ArrayTask
+    device: torch.device
+    model: Transformer  # bare (not DDP-wrapped)
+    opt: torch.optim.Optimizer
+    sched: Any
+    sampler: Any
+    frac: list[float]  # fraction of max_time_s used so far (schedule="time")
+    callbacks: list[Callback]
+    out_dir: Path | None
+    ckpt_path: Path | None
+    progress: Progress = field(default_factory=Progress)
+    t_start: float = field(default_factory=time.time)
+
+
+def _model_cfg_for(
+    model_cfg: ModelConfig, data: TextCorpus | ArrayTask, seq_len: int
+) -> ModelConfig:
+    """Fill the data-dependent fields (vocabulary, classes, patch size, length)."""
+    if isinstance(data, TextCorpus) or data.kind == "lm":
+        length = seq_len if isinstance(data, TextCorpus) else data.seq_len
+        return replace(
+            model_cfg, task="lm", vocab_size=int(data.vocab_size),
+            max_len=max(model_cfg.max_len, length),
+        )  # fmt: skip
+    return replace(
+        model_cfg, task="classify", n_classes=int(data.n_classes), patch_dim=int(data.patch_dim),
+        max_len=max(model_cfg.max_len, int(data.train_x.shape[1])),
+    )  # fmt: skip
+
+
+def _build(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    data: TextCorpus | ArrayTask,
+    device: torch.device,
+    callbacks: list[Callback],
+) -> _Run:
+    """2. model (same initial weights on every rank), optimiser, schedule, sampler."""
+    t_start = time.time()
+    rank, world = rank_world()
+    mcfg = _model_cfg_for(model_cfg, data, cfg.seq_len)
+    seed_everything(cfg.seed)
+    model = mcfg.build().to(device)  # a Transformer, or the subclass a config subclass names
+    opt = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+        foreach=False,
+    )  # fmt: skip
+    frac = [0.0]
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_at_time(s, frac[0], cfg) if cfg.schedule == "time" else lr_at(s, cfg)
+    )
+    sampler = make_sampler(data, cfg.batch_size, cfg.seq_len, cfg.seed, rank, world)
+    seed_everything(cfg.seed + 7919 * rank)  # training-time randomness (dropout), per rank
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    return _Run(
+        cfg, mcfg, data, device, model, opt, sched, sampler, frac, callbacks,
+        out_dir=out_dir, ckpt_path=out_dir / "checkpoint.pt" if out_dir else None,
+        t_start=t_start,
+    )  # fmt: skip
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+class _Clock:
+    """Training wall time: the total so far and the current log interval, paused while a
+    checkpoint is written (checkpoint time is not training time)."""
+
+    def __init__(self, timing: dict[str, float]) -> None:
+        self.t_train = timing["t_train"]
+        self.t_interval = time.perf_counter() - timing["interval_elapsed"]
+
+    def elapsed(self) -> float:
+        """Training time so far, the current interval included."""
+        return self.t_train + (time.perf_counter() - self.t_interval)
+
+    def close_interval(self) -> float:
+        """End the current interval: add it to the total and return its length."""
+        dt = time.perf_counter() - self.t_interval
+        self.t_train += dt
+        return dt
+
+    def open_interval(self) -> None:
+        self.t_interval = time.perf_counter()
+
+    def state(self) -> dict[str, float]:
+        return {"t_train": self.t_train, "interval_elapsed": time.perf_counter() - self.t_interval}
+
+
+def _train(run: _Run) -> TrainResult:
+    """3. to 6.: optimiser steps, log rows, checkpoints, then the final evaluation and record."""
+    cfg, p = run.cfg, run.progress
+    rank, world = rank_world()
+    ddp: nn.Module = run.model
+    if world > 1:
+        ddp = nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None
+        )
+    needs_w = any(get_regularizer(s["name"])[1] for s in cfg.regularizers)
+    diag_batch = next(eval_batches(run.data, "val", cfg.weights_batch, cfg.seq_len, 1))
+    diag_batch = (diag_batch[0].to(run.device), diag_batch[1].to(run.device))
+    if cfg.measure_flops and not p.flops:
+        x0, y0 = _peek(run.sampler)
+        p.flops = measure_flops(run.model, x0.to(run.device), y0.to(run.device))
+
+    from tqdm.auto import tqdm
+
+    name = run.mcfg.attention if run.mcfg.layers is None else "layers"
+    bar = tqdm(
+        total=cfg.steps, initial=p.step, disable=not cfg.progress or rank != 0,
+        desc=f"{name} {getattr(run.data, 'name', '')}", dynamic_ncols=True,
+    )  # fmt: skip
+    run.model.train()
+    clock = _Clock(p.timing)
+    stop = False
+    while p.step < cfg.steps and not stop:
+        stop = _optimiser_step(run, ddp, needs_w, clock)
+        bar.update(1)
+        if p.step % cfg.log_every == 0 or p.step == cfg.steps or stop:  # 4. log and evaluate
+            dt = clock.close_interval()
+            row = _log(run, diag_batch, dt, clock.t_train)
+            bar.set_postfix(
+                loss=f"{row['train_loss']:.3f}", val=f"{row['val_loss']:.3f}", refresh=False
+            )
+            clock.open_interval()
+        if (
+            run.ckpt_path is not None
+            and cfg.checkpoint_every
+            and p.step % cfg.checkpoint_every == 0
+        ):
+            t_ck = time.perf_counter()  # 5. checkpoint
+            p.timing = clock.state()
+            save_checkpoint(
+                run.ckpt_path, run.model, run.opt, run.sched, run.sampler, p,
+                {"train_config": cfg.to_dict(), "model_config": run.mcfg.to_dict()},
+            )  # fmt: skip
+            clock.t_interval += time.perf_counter() - t_ck
+    bar.close()
+    return _finish(run, clock.t_train)
+
+
+def _optimiser_step(run: _Run, ddp: nn.Module, needs_w: bool, clock: _Clock) -> bool:
+    """3. one optimiser step on this rank's share of the global batch; whether the time budget
+    is spent."""
+    cfg, p, acc = run.cfg, run.progress, run.progress.interval
+    rank, world = rank_world()
+    x, y = run.sampler.next()
+    x, y = x.to(run.device), y.to(run.device)
+    out = ddp(x, need_weights=needs_w)
+    loss = cross_entropy(out.logits, y)
+    total = loss
+    for spec in cfg.regularizers:
+        fn = get_regularizer(spec["name"])[0]
+        opts = {k: v for k, v in spec.items() if k not in ("name", "weight")}
+        r = fn(run.model, out, (x, y), **opts)
+        total = total + float(spec.get("weight", 1.0)) * r
+        acc["reg"][spec["name"]] = acc["reg"].get(spec["name"], 0.0) + float(r.detach())
+    run.opt.zero_grad(set_to_none=True)
+    total.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(
+        run.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    )
+    run.opt.step()
+    stop = False
+    if cfg.max_time_s is not None:  # one clock for every rank (rank 0's)
+        ft = torch.tensor(
+            [clock.elapsed() / cfg.max_time_s], dtype=torch.float64, device=run.device
+        )
+        if world > 1:
+            dist.broadcast(ft, 0)
+        run.frac[0] = float(ft)
+        stop = run.frac[0] >= 1.0
+    run.sched.step()
+    p.step += 1
+    loss_f = _global_mean(float(loss.detach()), run.device)
+    acc["loss"] += loss_f
+    acc["gnorms"].append(float(gnorm))
+    acc["tokens"] += int(y.numel()) * world
+    acc["n"] += 1
+    for cb in run.callbacks:
+        cb(p.step, {"loss": loss_f, "grad_norm": float(gnorm)})
+    return stop
+
+
+def _global_mean(value: float, device: torch.device) -> float:
+    """The mean of ``value`` over ranks (the global-batch mean loss, for the log)."""
+    _, world = rank_world()
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t) / world
+
+
+def _log(
+    run: _Run, diag_batch: tuple[Tensor, Tensor], dt: float, t_train: float
+) -> dict[str, float]:
+    """4. a log row: the interval's training metrics (``dt`` seconds long), validation,
+    diagnostics, the training time so far; appended to the history, and a new interval begun."""
+    cfg, p = run.cfg, run.progress
+    row = _log_row(p.step, p.interval, dt, run.opt, run.data)
+    val = evaluate(
+        run.model, run.data, split="val", batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
+        max_batches=cfg.eval_batches, device=run.device,
+    )  # fmt: skip
+    row.update({f"val_{k}": v for k, v in val.items() if k != "n"})
+    row.update(diagnostics(run.model, diag_batch, cfg))
+    row["time_s"] = t_train
+    p.history.append(row)
+    p.interval = new_interval()
+    return row
+
+
+def _log_row(
+    step: int, acc: dict[str, Any], dt: float, opt: torch.optim.Optimizer, data: Any
+) -> dict[str, float]:
+    n = max(1, acc["n"])
+    g = np.asarray(acc["gnorms"], dtype=np.float64)
+    row: dict[str, float] = {
+        "step": float(step),
+        "train_loss": acc["loss"] / n,
+        "grad_norm_mean": float(g.mean()) if g.size else math.nan,
+        "grad_norm_var": float(g.var()) if g.size else math.nan,
+        "lr": float(opt.param_groups[0]["lr"]),
+        "tokens_per_s": acc["tokens"] / max(dt, 1e-9),
+        "interval_s": dt,
+    }
+    if isinstance(data, TextCorpus) and data.level == "char":
+        row["train_bpc"] = row["train_loss"] / math.log(2)
+    for k, v in acc["reg"].items():
+        row[f"reg/{k}"] = v / n
+    return row
+
+
+def _peek(sampler: Any) -> tuple[Tensor, Tensor]:
+    """The sampler's next batch, without moving it."""
+    state = sampler.state_dict()
+    batch = sampler.next()
+    sampler.load_state_dict(state)
+    return batch
+
+
+# -- the end -----------------------------------------------------------------------------------
+
+
+def _finish(run: _Run, t_train: float) -> TrainResult:
+    """6. final evaluation, history and run record (written to ``out_dir`` by rank 0)."""
+    cfg, p = run.cfg, run.progress
+    rank, world = rank_world()
+    val = evaluate(
+        run.model, run.data, split="val", batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
+        max_batches=cfg.final_eval_batches, device=run.device,
+    )  # fmt: skip
+    final = {f"val_{k}": v for k, v in val.items() if k != "n"}
+    if cfg.eval_test and isinstance(run.data, TextCorpus):
+        test = evaluate(
+            run.model, run.data, split="test", batch_size=cfg.eval_batch_size,
+            seq_len=cfg.seq_len, device=run.device,
+        )  # fmt: skip
+        final.update({f"test_{k}": v for k, v in test.items() if k != "n"})
+    final["steps"] = float(p.step)
+    final["train_time_s"] = t_train
+    if p.history:
+        tok = sum(h["tokens_per_s"] * h["interval_s"] for h in p.history)
+        final["tokens_per_s"] = tok / max(1e-9, sum(h["interval_s"] for h in p.history))
+    hist = pd.DataFrame(p.history)
+    record = {
+        "model_config": run.mcfg.to_dict(),
+        "train_config": cfg.to_dict(),
+        "data": {
+            "name": getattr(run.data, "name", type(run.data).__name__),
+            "kind": "lm" if isinstance(run.data, TextCorpus) else run.data.kind,
+        },
+        "seed": cfg.seed,
+        "git": git_commit(),
+        "versions": versions(),
+        "device": str(run.device),
+        "world_size": world,
+        "param_counts": param_counts(run.model),
+        "flops": p.flops,
+        "final": final,
+        "wall_time_s": time.time() - run.t_start,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if run.out_dir is not None and rank == 0:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        hist.to_csv(run.out_dir / "history.csv", index=False)
+        atomic_write_text(json.dumps(record, indent=2, default=str), run.out_dir / "run.json")
+    return TrainResult(hist, final, run.model, record, run.out_dir)
