@@ -99,7 +99,7 @@ from IPython.display import display
 import attention_atlas
 from attention_atlas import viz
 from attention_atlas.attention.dot import masked_softmax
-from attention_atlas.attention.metric import (
+from attention_atlas.attention.graphs import (
     CONTRAST_FAMILIES,
     GRAPH_FAMILIES,
     covector_matrix,
@@ -107,6 +107,8 @@ from attention_atlas.attention.metric import (
     graph_family_admits,
     is_signed_incidence,
     is_totally_unimodular,
+)
+from attention_atlas.attention.matroidal import (
     matroidal_attention,
     matroidal_coefficients,
     matroidal_factor,
@@ -259,7 +261,7 @@ viz.markdown(
 #
 # Check: for every family and $m\in\{d,2d,4d\}$ (d = 9), causal and not, the fast path equals
 # the pseudocode in float64, and so do the gradients with respect to $z$, $v$ and $\theta$
-# (`torch.autograd.gradcheck` on the fast path is in `tests/test_metric.py`).
+# (`torch.autograd.gradcheck` on the fast path is in `tests/test_matroidal.py`).
 
 # %%
 err_out = err_grad = 0.0
@@ -650,7 +652,7 @@ fam_table
 # ### Pruning (after training, no retraining)
 #
 # Columns with $\ell_e < \delta$ are removed per head (`MatroidalAttention.pruned`); the pruned
-# model is exact for the kept columns (`tests/test_metric.py` checks it to 1e-10). With
+# model is exact for the kept columns (`tests/test_matroidal.py` checks it to 1e-10). With
 # $\delta$ below the initial weight, the question is whether training pushed some weights down.
 
 # %%
