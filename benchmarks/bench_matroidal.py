@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attention_atlas.attention.metric import covector_matrix, matroidal_attention, matroidal_logits
+from attention_atlas.attention.graphs import covector_matrix
+from attention_atlas.attention.matroidal import matroidal_attention, matroidal_logits
 
 
 def _family(d: int, m: int) -> str:

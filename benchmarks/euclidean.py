@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from attention_atlas.attention.metric import (
+from attention_atlas.attention.euclidean import (
     euclidean_attention_explicit,
     squared_distance_attention,
 )

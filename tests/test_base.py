@@ -16,7 +16,7 @@ from attention_atlas.attention import (
 )
 from attention_atlas.attention.base import check_qkv, combine_masks, count_nonfinite
 from attention_atlas.attention.dot import explicit_attention, masked_softmax, sdpa
-from attention_atlas.attention.metric import (
+from attention_atlas.attention.euclidean import (
     euclidean_attention_explicit,
     euclidean_logits,
     squared_distance_attention,

@@ -8,7 +8,7 @@ from torch import nn
 
 from attention_atlas.attention import Attention, register_attention
 from attention_atlas.attention.dot import DotProductAttention
-from attention_atlas.attention.metric import EuclideanAttention
+from attention_atlas.attention.euclidean import EuclideanAttention
 from attention_atlas.attention.mixed import MixedHeadAttention
 from attention_atlas.models import ModelConfig, Transformer, attention_modules, param_counts
 

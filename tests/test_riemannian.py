@@ -10,7 +10,7 @@ import torch
 from attention_atlas import linalg
 from attention_atlas.attention import build_attention
 from attention_atlas.attention import riemannian as R
-from attention_atlas.attention.metric import euclidean_attention_explicit
+from attention_atlas.attention.euclidean import euclidean_attention_explicit
 
 DT = torch.float64
 TOL = 1e-10

@@ -54,9 +54,9 @@ __all__ = [
 #: attention variant name -> "module:class"
 VARIANTS: dict[str, str] = {
     "dot": "attention_atlas.attention.dot:DotProductAttention",
-    "euclidean": "attention_atlas.attention.metric:EuclideanAttention",
-    "matroidal": "attention_atlas.attention.metric:MatroidalAttention",
-    "mahalanobis": "attention_atlas.attention.metric:MahalanobisAttention",
+    "euclidean": "attention_atlas.attention.euclidean:EuclideanAttention",
+    "matroidal": "attention_atlas.attention.matroidal:MatroidalAttention",
+    "mahalanobis": "attention_atlas.attention.matroidal:MahalanobisAttention",
     "riemannian": "attention_atlas.attention.riemannian:RiemannianAttention",
     "fiber_bundle": "attention_atlas.fiber_bundle:FiberBundleAttention",
     "ssm": "attention_atlas.attention.sma:SSMAttention",

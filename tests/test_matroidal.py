@@ -1,4 +1,4 @@
-"""Matroidal and dense Mahalanobis distance attention (attention/metric.py, chapter 5)."""
+"""Matroidal and dense Mahalanobis distance attention (attention/matroidal.py, chapter 5)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,10 @@ import torch
 
 from attention_atlas.attention import build_attention
 from attention_atlas.attention.dot import masked_softmax
-from attention_atlas.attention.metric import (
-    CONTRAST_FAMILIES,
-    GRAPH_FAMILIES,
+from attention_atlas.attention.graphs import GRAPH_FAMILIES, covector_matrix, graph_family_admits
+from attention_atlas.attention.matroidal import (
     MahalanobisAttention,
     MatroidalAttention,
-    covector_matrix,
-    euclidean_attention_explicit,
-    graph_edges,
-    graph_family_admits,
-    is_signed_incidence,
-    is_totally_unimodular,
     mahalanobis_attention,
     mahalanobis_logits,
     matroidal_attention,
@@ -27,7 +20,6 @@ from attention_atlas.attention.metric import (
     matroidal_metric,
     metric_factor,
     prune_columns,
-    squared_distance_attention,
 )
 
 D64 = torch.float64
@@ -44,78 +36,12 @@ def reference_attention(z, v, A, theta, eps, tau, causal=False):
     return masked_softmax(logits, keep) @ v
 
 
-# -- covector matrices and total unimodularity ----------------------------------------------
+def test_the_stable_api_names_of_attention_metric_are_the_matroidal_functions():
+    from attention_atlas.attention import metric
 
-
-def test_every_family_reaches_each_m_it_can_and_the_sweep_covers_all_families():
-    assert {f for f, _ in CASES} == set(GRAPH_FAMILIES)
-    assert {m for _, m in CASES} == {D, 2 * D, 4 * D}
-    for family, m in CASES:
-        edges = graph_edges(family, D, m, seed=3)
-        assert len(edges) == m and len(set(edges)) == m
-        assert all(0 <= i < j < D for i, j in edges)
-
-
-@pytest.mark.parametrize(
-    "family,d,m,match",
-    [
-        ("ring", 6, 12, "exactly d=6"),
-        ("ring_chords", 6, 4, "m >= d"),
-        ("knn", 6, 9, "k\\*d"),
-        ("complete", 6, 12, "exactly d\\(d-1\\)/2=15"),
-        ("random", 6, 16, "at most d\\(d-1\\)/2=15"),
-        ("ring", 2, 2, "d >= 3"),
-        ("hypercube", 6, 6, "unknown"),
-    ],
-)
-def test_impossible_edge_counts_are_clear_errors(family, d, m, match):
-    with pytest.raises(ValueError, match=match):
-        covector_matrix(family, d, m)
-
-
-SMALL = [(f, m) for f in GRAPH_FAMILIES for m in (5, 7, 10) if graph_family_admits(f, 5, m)]
-
-
-@pytest.mark.parametrize("family,m", SMALL)
-def test_every_incidence_family_is_totally_unimodular(family, m):
-    d = 5
-    assert {f for f, _ in SMALL} == set(GRAPH_FAMILIES)
-    A = covector_matrix(family, d, m, seed=1)
-    assert is_signed_incidence(A)
-    assert is_totally_unimodular(A)  # exhaustive over every square submatrix
-
-
-def test_unsigned_incidence_is_tu_only_on_bipartite_graphs():
-    # the even ring is bipartite: |incidence| is totally unimodular
-    assert is_totally_unimodular(covector_matrix("unsigned", 6, 6))
-    # an odd cycle has an unsigned incidence minor of determinant 2
-    A = covector_matrix("unsigned", 5, 5)
-    assert not is_signed_incidence(A)
-    assert not is_totally_unimodular(A)
-
-
-def test_sparse_random_contrast_family_fails_the_checker():
-    for seed in range(3):
-        A = covector_matrix("sparse_random", 6, 12, seed=seed)
-        assert not is_signed_incidence(A)
-        assert not is_totally_unimodular(A)
-    assert set(CONTRAST_FAMILIES) == {"unsigned", "sparse_random"}
-
-
-def test_tu_checker_on_known_matrices():
-    assert not is_totally_unimodular(torch.tensor([[1.0, 1.0], [-1.0, 1.0]]))  # det 2
-    assert not is_totally_unimodular(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))  # entry 2
-    interval = torch.tensor([[1.0, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 1]])
-    assert is_totally_unimodular(interval)  # consecutive ones in each column: TU
-    assert is_totally_unimodular(torch.eye(4))
-    # a 3 x 3 minor of determinant 2 hidden in a bigger matrix of 0/+-1 entries
-    A = torch.tensor([[1.0, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 0], [0, 0, 0, 1]])
-    assert not is_totally_unimodular(A)
-
-
-def test_tu_checker_refuses_rather_than_guesses_when_too_large():
-    with pytest.raises(ValueError, match="max_minors"):
-        is_totally_unimodular(covector_matrix("random", 12, 60), max_minors=1000)
+    assert metric.matroidal_logits is matroidal_logits
+    assert metric.matroidal_attention is matroidal_attention
+    assert set(metric.__all__) == {"matroidal_logits", "matroidal_attention"}
 
 
 # -- the paper's side: nonnegative coefficients, rank-one PSD decomposition -----------------
@@ -232,20 +158,6 @@ def test_dense_mahalanobis_fast_path_and_gradcheck():
     assert torch.autograd.gradcheck(
         lambda qq, WW: mahalanobis_attention(qq, k, v, WW, 1e-3, 0.8, causal=True), (qg, W)
     )
-
-
-def test_folded_bias_kernel_equals_the_explicit_euclidean_reference_with_gradients():
-    g = torch.Generator().manual_seed(0)
-    for shape in ((1, 2, 5, 3), (2, 5, 3)):  # 4-D and 3-D (lifted to 4-D for the kernel)
-        q, k, v = (
-            torch.randn(*shape, generator=g, dtype=D64, requires_grad=True) for _ in range(3)
-        )
-        for causal in (False, True):
-            out = squared_distance_attention(q, k, v, 0.6, causal=causal)
-            ref = euclidean_attention_explicit(q, k, v, 0.6, causal=causal)[0]
-            torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
-            f = lambda q, k, v, c=causal: squared_distance_attention(q, k, v, 0.6, causal=c)
-            assert torch.autograd.gradcheck(f, (q, k, v))
 
 
 # -- modules ----------------------------------------------------------------------------------
