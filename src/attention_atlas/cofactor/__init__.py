@@ -33,6 +33,7 @@ from .cofactors import (
 from .diagnostics import cofactor_diagnostics, spectral_gap
 from .penalty import cofactor_flops, cofactor_penalty, cofactor_regularizer_from_probs
 from .references import (
+    FAMILIES,
     coupled_blocks,
     exact_cofactors,
     left_perron_vector,
@@ -42,6 +43,7 @@ from .references import (
 )
 
 __all__ = [
+    "FAMILIES",
     "METHODS",
     "CofactorResult",
     "cofactor_diagnostics",
