@@ -17,71 +17,26 @@ Run (one to two minutes on 2 shared CPU cores, one thread)::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import Tensor
 
-from attention_atlas.bench import compare, cpu_time_ratio
-from attention_atlas.cofactor import cofactor_regularizer_from_probs, principal_cofactors
-from attention_atlas.models import ModelConfig, Transformer
+from attention_atlas.experiments.cofactor import regularizer_overhead
+from attention_atlas.experiments.cofactor_numerics import lu_vs_minors
+from attention_atlas.models import ModelConfig
 
 GOALS = {64: 40.0, 128: 100.0}
 
 
-def cofactors_of_probs(A: Tensor, method: str) -> Tensor:
-    """``principal_cofactors(A, method)`` without the input check (timed as is)."""
-    return principal_cofactors(A, method, check=False)
-
-
-def bench_methods(sizes: list[int], batch: int, reps: int) -> dict[int, Any]:
-    out = {}
-    for n in sizes:
-        z = torch.softmax(torch.randn(batch, n, n, dtype=torch.float64), -1).requires_grad_(True)
-        cpu = cpu_time_ratio(
-            functools.partial(cofactors_of_probs, method="minors"),
-            functools.partial(cofactors_of_probs, method="lu"),
-            (z,),
-            reps,
-        )
-        out[n] = compare(
-            {m: functools.partial(cofactors_of_probs, method=m) for m in ("minors", "lu")},
-            "lu",
-            (z,),
-            warmup=1,
-            reps=reps,
-            meta={"n": n, "batch": batch, "dtype": "float64", "cpu_time_speedup_forward": cpu},
-        )
-    return out
-
-
-def bench_overhead(batch: int, reps: int, heads: int = 1, beta: float = 0.1) -> dict[str, Any]:
-    torch.manual_seed(0)
+def bench_overhead(batch: int, reps: int) -> dict:
+    """:func:`regularizer_overhead` on chapter 6's digits model with random patch tokens."""
     cfg = ModelConfig(task="classify", patch_dim=4, n_classes=10, dim=48, n_layers=6, n_heads=4,
                       max_len=16)  # fmt: skip
-    model = Transformer(cfg)
-    x, y = torch.randn(batch, 16, 4), torch.randint(0, 10, (batch,))
-
-    def loss(x: Tensor, weights: bool, reg: bool) -> Tensor:
-        out = model(x, need_weights=weights)
-        value = torch.nn.functional.cross_entropy(out.logits, y)
-        if reg:
-            probs = [a.probs for a in out.attentions]
-            value = value + 1e-3 * cofactor_regularizer_from_probs(probs, heads=heads, beta=beta)
-        return value
-
-    fns = {
-        "baseline": functools.partial(loss, weights=False, reg=False),
-        "need_weights": functools.partial(loss, weights=True, reg=False),
-        "cofactor": functools.partial(loss, weights=True, reg=True),
-    }
-    for f in fns.values():
-        f.bench_params = list(model.parameters())  # type: ignore[attr-defined]
-    return compare(fns, "baseline", (x,), warmup=1, reps=reps, memory=False,
-                   meta={"batch": batch, "model": cfg.to_dict()})  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, 16, 4, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    return regularizer_overhead(cfg, x, y, reps=reps, heads=1, beta=0.1, alpha=1e-3,
+                                meta={"batch": batch, "model": cfg.to_dict()})  # fmt: skip
 
 
 def main() -> None:
@@ -94,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    methods = bench_methods(args.sizes, args.batch, args.reps)
+    methods = lu_vs_minors(args.sizes, args.batch, args.reps)
     overhead = bench_overhead(32, args.reps)
     summary = {}
     for n, res in methods.items():

@@ -77,6 +77,7 @@ final_eval_batches = 16  # validation batches at the end (LM; digits use the who
 log_every = 50
 spike_ratio = 2.0  # spike: grad norm > spike_ratio x trailing median
 overhead_repeats = 5
+results_dir = ""  # sweep folder (resumable; finished runs are reused), empty for a temporary one
 
 # %% tags=["smoke"]
 SMOKE = {
@@ -103,43 +104,44 @@ SMOKE = {
     "final_eval_batches": 1,
     "log_every": 3,
     "overhead_repeats": 2,
+    "results_dir": "",
 }
 
 # %%
-import functools
+import json
 import math
-import time
+import tempfile
+from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 import torch
 
 from attention_atlas import viz
-from attention_atlas.bench import compare, cpu_time_ratio
 from attention_atlas.cofactor import (
-    cofactor_diagnostics,
-    cofactor_flops,
     cofactor_penalty,
-    cofactor_regularizer_from_probs,
-    exact_cofactors,
-    power_stationary,
     principal_cofactors,
+    softmax_family,
     spectral_gap,
     stability_margin,
-    stationary_distribution,
 )
-from attention_atlas.data import load_digits_patches, load_wikitext2
-from attention_atlas.models import ModelConfig, Transformer
-from attention_atlas.stats import mean_ci
-from attention_atlas.train import TrainConfig, measure_flops, train
+from attention_atlas.experiments import cofactor as experiment
+from attention_atlas.experiments.cofactor_numerics import (
+    coupling_table,
+    identity_table,
+    lu_vs_minors,
+    method_sweep,
+    speedup_table,
+)
+from attention_atlas.models import ModelConfig
+from attention_atlas.notebooks import repo_root
+from attention_atlas.sweep import load_cell, make_cells, run_sweep
 
 # Two CPU cores shared with other jobs: one intra-op thread per process is both faster and far
 # less noisy here than two threads competing for the same cores.
 torch.set_num_threads(1)
 torch.manual_seed(0)
 F64 = torch.float64
-
 
 # %% [markdown]
 # ## 1. The identities, over four families of attention matrices
@@ -154,78 +156,11 @@ F64 = torch.float64
 # `torch.linalg.eigvals`), and that $c/\sum c$ is the stationary distribution (the left
 # eigenvector of $A$ for eigenvalue 1), with both the reference and the LU method.
 
-
 # %%
-def softmax_family(kind: str, n: int, count: int, seed: int = 0, coupling: float = 1e-3):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "random":
-        scale = torch.tensor([0.5, 2.0, 5.0]).repeat(count)[:count].view(count, 1, 1)
-        return torch.softmax(scale.double() * torch.randn(count, n, n, generator=g, dtype=F64), -1)
-    z = torch.randn(count, n, n, generator=g, dtype=F64)
-    i = torch.arange(n)
-    if kind == "banded":
-        return torch.softmax(z.masked_fill((i[:, None] - i[None, :]).abs() > 2, -math.inf), -1)
-    if kind == "causal":
-        return torch.softmax(z.masked_fill(i[None, :] > i[:, None], -math.inf), -1)
-    if kind == "nearly_reducible":
-        return coupled_blocks(n // 2, n - n // 2, coupling, count, seed)
-    raise ValueError(kind)
-
-
-def coupled_blocks(n1: int, n2: int, coupling: float, count: int = 1, seed: int = 0):
-    """Two softmax blocks; every row sends ``coupling`` of its mass uniformly to the other."""
-    g = torch.Generator().manual_seed(seed)
-    a = torch.softmax(torch.randn(count, n1, n1, generator=g, dtype=F64), -1)
-    b = torch.softmax(torch.randn(count, n2, n2, generator=g, dtype=F64), -1)
-    A = torch.zeros(count, n1 + n2, n1 + n2, dtype=F64)
-    A[:, :n1, :n1] = (1 - coupling) * a
-    A[:, n1:, n1:] = (1 - coupling) * b
-    A[:, :n1, n1:] = coupling / n2
-    A[:, n1:, :n1] = coupling / n1
-    return A
-
-
-def eigen_margin(A):
-    ev = torch.linalg.eigvals(torch.eye(A.shape[-1], dtype=F64) - A)
-    ev = torch.gather(ev, -1, ev.abs().argsort(-1))  # the zero eigenvalue first
-    return ev[..., 1:].prod(-1).real
-
-
-def perron_left(A):
-    """Stationary distribution from a dense eigen-decomposition of A^T (numpy)."""
-    out = []
-    for a in A.numpy():
-        w, v = np.linalg.eig(a.T)
-        p = np.real(v[:, np.argmin(np.abs(w - 1))])
-        out.append(p / p.sum())
-    return torch.tensor(np.array(out))
-
-
-rows = []
-for kind in ["random", "banded", "causal", "nearly_reducible"]:
-    A = softmax_family(kind, n_identity, n_matrices)
-    L = torch.eye(n_identity, dtype=F64) - A
-    m_eig = eigen_margin(A)
-    pi_eig = perron_left(A)
-    for method in ["minors", "lu"]:
-        c = principal_cofactors(A, method)
-        null_res = float(((c.unsqueeze(-2) @ L).squeeze(-2)).abs().max() / c.abs().max())
-        margin_err = float(((c.sum(-1) - m_eig).abs() / m_eig.abs()).max())
-        pi_err = float((c / c.sum(-1, keepdim=True) - pi_eig).abs().sum(-1).max())
-        rows.append(
-            {
-                "family": kind,
-                "method": method,
-                "max |c^T L| / max|c|": null_res,
-                "max rel. err of sum c vs prod lambda": margin_err,
-                "max ||c/sum c - pi||_1": pi_err,
-                "min c_i": float(c.min()),
-            }
-        )
-        assert null_res < 1e-12, (kind, method, null_res)
-        assert margin_err < 1e-9, (kind, method, margin_err)
-        assert pi_err < 1e-8, (kind, method, pi_err)
-identities = pd.DataFrame(rows)
+identities = identity_table(n_identity, n_matrices)  # the worst matrix of each family and method
+assert (identities["max |c^T L| / max|c|"] < 1e-12).all(), identities
+assert (identities["max rel. err of sum c vs prod lambda"] < 1e-9).all(), identities
+assert (identities["max ||c/sum c - pi||_1"] < 1e-8).all(), identities
 identities
 
 # %% [markdown]
@@ -277,31 +212,7 @@ viz.markdown(
 # %%
 nb = n_identity
 u64 = torch.finfo(F64).eps
-rows = []
-for eps in couplings:
-    A = coupled_blocks(nb // 2, nb - nb // 2, eps, count=n_matrices, seed=3)
-    exact = torch.stack([exact_cofactors(a) for a in A[:2]])  # 50-digit reference, 2 matrices
-    c_ref = principal_cofactors(A[:2], "minors")
-    c_lu = principal_cofactors(A[:2], "lu")
-    c_32 = principal_cofactors(A[:2].float(), "lu").double()
-    pi = stationary_distribution(A, "lu")
-    L = torch.eye(nb, dtype=F64) - A[:2]
-    rel = lambda c, exact=exact: float(((c - exact).abs().amax(-1) / exact.abs().amax(-1)).max())
-    rows.append(
-        {
-            "coupling": eps,
-            "margin": float(stability_margin(A).mean()),
-            "n min pi": float((nb * pi.amin(-1)).mean()),
-            "spectral gap": float(spectral_gap(A).mean()),
-            "lu error (float64)": rel(c_lu),
-            "minors error (float64)": rel(c_ref),
-            "lu error (float32)": rel(c_32),
-            "|c^T L| / |c| (lu)": float(
-                ((c_lu.unsqueeze(-2) @ L).abs().amax((-1, -2)) / c_lu.abs().amax(-1)).max()
-            ),
-        }
-    )
-coupling_df = pd.DataFrame(rows)
+coupling_df = coupling_table(nb, couplings, n_matrices)
 fig = viz.loglog(
     coupling_df["coupling"],
     {
@@ -393,46 +304,11 @@ viz.markdown(
 # bound on Dobrushin's ergodicity coefficient, the $\ell_1$ contraction factor of $A^\top$ on
 # vectors summing to zero {cite}`seneta2006nonnegative`) is printed beside its measured error.
 
-
 # %%
-def cofactors_of(A, method):
-    return principal_cofactors(A, method, check=False, power_tol=1e-10)
-
-
-rows = []
-for n in sizes:
-    A = softmax_family("random", n, time_batch, seed=n)
-    ref = principal_cofactors(A, "minors")
-    pi_ref = ref / ref.sum(-1, keepdim=True)
-    c_lu = principal_cofactors(A, "lu")
-    c_pw = principal_cofactors(A, "power", power_tol=1e-10)
-    pi_pw, bound, iters = power_stationary(A, tol=1e-10)
-    rel = lambda c, ref=ref: float(((c - ref).abs().amax(-1) / ref.abs().amax(-1)).max())
-    err_pw = (pi_pw - pi_ref).abs().sum(-1)
-    assert (err_pw <= bound + 1e-14).all(), (n, err_pw, bound)  # the stated bound holds
-    assert rel(c_lu) < 1e-10, (n, rel(c_lu))
-    res = compare(
-        {m: functools.partial(cofactors_of, method=m) for m in ["minors", "lu", "power"]},
-        "lu",
-        (A,),
-        backward=False,
-        warmup=1,
-        reps=repeats,
-        memory=False,
-    )["results"]
-    t = {m: res[m]["forward"]["median_s"] for m in res}
-    rows.append(
-        {
-            "n": n,
-            "lu rel. err": rel(c_lu),
-            "power rel. err": rel(c_pw),
-            "power ||pi - pi_ref||_1": float(err_pw.max()),
-            "power bound": float(bound.max()),
-            "power iterations": iters,
-            **{f"time {k} (ms)": 1e3 * v for k, v in t.items()},
-        }
-    )
-methods_df = pd.DataFrame(rows)
+methods_df = method_sweep(sizes, time_batch, repeats)
+assert (methods_df["power err - bound (max)"] <= 1e-14).all(), methods_df  # the stated bound holds
+assert (methods_df["lu rel. err"] < 1e-10).all(), methods_df
+methods_df = methods_df.drop(columns="power err - bound (max)")
 viz.show(
     viz.loglog(
         methods_df["n"],
@@ -475,60 +351,27 @@ methods_df
 # `python benchmarks/bench_cofactor.py` runs the same measurement from the command line and
 # writes JSON.
 
-
 # %%
-def cofactors_of_probs(A, method):
-    return principal_cofactors(A, method, check=False)
-
-
-bench_rows, bench_json = [], {}
-for n in bench_sizes:
-    z = torch.softmax(torch.randn(bench_batch, n, n, dtype=F64), -1).requires_grad_(True)
-    res = compare(
-        {m: functools.partial(cofactors_of_probs, method=m) for m in ["minors", "lu"]},
-        "lu",
-        (z,),
-        warmup=1,
-        reps=bench_repeats,
-        meta={"n": n, "batch": bench_batch, "dtype": "float64"},
-    )
-    bench_json[n] = res
-    r = res["results"]
-    bench_rows.append(
-        {
-            "n": n,
-            "batch": bench_batch,
-            "minors fwd (ms)": 1e3 * r["minors"]["forward"]["median_s"],
-            "lu fwd (ms)": 1e3 * r["lu"]["forward"]["median_s"],
-            "minors fwd+bwd (ms)": 1e3 * r["minors"]["forward_backward"]["median_s"],
-            "lu fwd+bwd (ms)": 1e3 * r["lu"]["forward_backward"]["median_s"],
-            "speed-up fwd": r["minors"]["forward"]["ratio_median"],
-            "speed-up fwd (q25-q75)": f"{r['minors']['forward']['ratio_q25']:.0f}-{r['minors']['forward']['ratio_q75']:.0f}",
-            "speed-up fwd+bwd": r["minors"]["forward_backward"]["ratio_median"],
-            "speed-up fwd (CPU time)": cpu_time_ratio(
-                functools.partial(cofactors_of_probs, method="minors"),
-                functools.partial(cofactors_of_probs, method="lu"),
-                (z,),
-                bench_repeats,
-            ),
-            "peak MB minors": r["minors"]["peak_memory_bytes"] / 2**20,
-            "peak MB lu": r["lu"]["peak_memory_bytes"] / 2**20,
-        }
-    )
-bench_df = pd.DataFrame(bench_rows)
+bench_df = speedup_table(lu_vs_minors(bench_sizes, bench_batch, bench_repeats))
+bench_rows = bench_df.to_dict("records")
 goals = {64: 40.0, 128: 100.0}
-lines = []
-for r in bench_rows:
-    goal = goals.get(r["n"])
-    met = lambda x, goal=goal: (
-        "" if goal is None else (" (goal met)" if x >= goal else f" (goal {goal:g}x NOT met)")
-    )
-    lines.append(
-        f"* $n = {r['n']}$: forward **{r['speed-up fwd']:.0f}x** in wall time{met(r['speed-up fwd'])}, "
-        f"**{r['speed-up fwd (CPU time)']:.0f}x** in CPU time{met(r['speed-up fwd (CPU time)'])}; "
-        f"forward+backward {r['speed-up fwd+bwd']:.0f}x (wall); peak memory of a forward+backward "
-        f"{r['peak MB minors']:.0f} MB (minors) against {r['peak MB lu']:.1f} MB (lu)"
-    )
+
+
+def goal_note(n: int, speedup: float) -> str:
+    goal = goals.get(n)
+    if goal is None:
+        return ""
+    return " (goal met)" if speedup >= goal else f" (goal {goal:g}x NOT met)"
+
+
+lines = [
+    f"* $n = {r['n']}$: forward **{r['speed-up fwd']:.0f}x** in wall time"
+    f"{goal_note(r['n'], r['speed-up fwd'])}, **{r['speed-up fwd (CPU time)']:.0f}x** in CPU time"
+    f"{goal_note(r['n'], r['speed-up fwd (CPU time)'])}; forward+backward "
+    f"{r['speed-up fwd+bwd']:.0f}x (wall); peak memory of a forward+backward "
+    f"{r['peak MB minors']:.0f} MB (minors) against {r['peak MB lu']:.1f} MB (lu)"
+    for r in bench_rows
+]
 viz.markdown(
     f"`lu` against `minors`, batch {bench_batch}, float64, median of {bench_repeats} rounds:\n\n"
     + "\n".join(lines)
@@ -559,57 +402,16 @@ bench_df
 # at twice the forward), and the regularised runs get correspondingly fewer steps.
 
 # %%
-corpus_word = load_wikitext2(mode="word", download=False)
-corpus_char = load_wikitext2(mode="char", download=False)
-digits = load_digits_patches(2)
-
-
-def lm_config(vocab: int) -> ModelConfig:
-    return ModelConfig(
-        task="lm",
-        vocab_size=vocab,
-        dim=lm_dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        max_len=lm_seq_len,
-    )
-
-
-def interleaved_median(fns: dict, repeats: int) -> dict:
-    """Median wall time of each callable, with the calls interleaved across repeats."""
-    times: dict = {k: [] for k in fns}
-    for f in fns.values():
-        f()  # warm-up
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    return {k: float(np.median(v)) for k, v in times.items()}
-
-
-def step_timer(corpus) -> float:
-    """Median seconds of one AdamW training step on a random batch (1 thread)."""
-    torch.manual_seed(0)
-    model = Transformer(lm_config(corpus.vocab_size))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    starts = torch.randint(0, corpus.train.numel() - lm_seq_len - 1, (lm_batch,))
-    win = corpus.train[starts[:, None] + torch.arange(lm_seq_len + 1)]
-    x, y = win[:, :-1], win[:, 1:]
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return interleaved_median({"step": step}, step_time_steps)["step"]
-
-
-t_word, t_char = step_timer(corpus_word), step_timer(corpus_char)
+corpus_word = experiment.load_task("lm", "word")
+corpus_char = experiment.load_task("lm", "char")
+digits = experiment.load_task("digits")
+step_s = experiment.lm_step_seconds(
+    {"word": corpus_word, "char": corpus_char}, dim=lm_dim, n_layers=n_layers, n_heads=n_heads,
+    batch=lm_batch, seq_len=lm_seq_len, reps=step_time_steps,
+)  # fmt: skip
+t_word, t_char = step_s["word"], step_s["char"]
 n_lm_runs = 2 * len(seeds)
 lm_level = "word" if t_word * train_steps * n_lm_runs <= lm_budget_s else "char"
-corpus = corpus_word if lm_level == "word" else corpus_char
 viz.markdown(
     f"One training step (batch {lm_batch} x {lm_seq_len} tokens, width {lm_dim}, {n_layers} layers): "
     f"**word level {1e3 * t_word:.0f} ms** (vocabulary {corpus_word.vocab_size:,}), "
@@ -626,38 +428,15 @@ viz.markdown(
 
 
 # %%
-def gather_probs(model, x):
-    model.eval()
-    with torch.no_grad():
-        out = model(x, need_weights=True)
-    return [a.probs for a in out.attentions]
-
-
-def train_flops(task: str) -> tuple[float, float, int]:
-    """(FLOPs of a baseline step, extra FLOPs of the regulariser, matrices per step)."""
-    if task == "lm":
-        cfg, batch, n = lm_config(corpus.vocab_size), lm_batch, lm_seq_len
-        win = corpus.train[torch.arange(batch)[:, None] * n + torch.arange(n + 1)]
-        x, y = win[:, :-1], win[:, 1:]
-    else:
-        cfg = ModelConfig(task="classify", patch_dim=digits.patch_dim, n_classes=10, dim=digits_dim,
-                          n_layers=n_layers, n_heads=n_heads, max_len=digits.seq_len)  # fmt: skip
-        batch, n = digits_batch, digits.seq_len
-        x, y = digits.train_x[:batch], digits.train_y[:batch]
-    base = measure_flops(Transformer(cfg), x, y)["train_step_total"]
-    mats = batch * n_layers * reg_heads
-    return float(base), float(mats * cofactor_flops(n)), mats
-
-
-flop_rows, steps_for = [], {}
-for task in ["lm", "digits"]:
-    base, extra, mats = train_flops(task)
-    steps_for[(task, "baseline")] = train_steps
-    steps_for[(task, "cofactor")] = int(round(train_steps * base / (base + extra)))
-    flop_rows.append({"task": task, "baseline step FLOPs": base, "regulariser FLOPs": extra,
-                      "matrices per step": mats, "extra fraction": extra / base,
-                      "baseline steps": train_steps, "regularised steps": steps_for[(task, "cofactor")]})  # fmt: skip
-flops_df = pd.DataFrame(flop_rows)
+grid_kwargs = {
+    "lm_level": lm_level, "train_steps": train_steps, "lm_seq_len": lm_seq_len,
+    "lm_batch": lm_batch, "lm_dim": lm_dim, "digits_batch": digits_batch, "digits_dim": digits_dim,
+    "n_layers": n_layers, "n_heads": n_heads, "reg_heads": reg_heads, "alpha": alpha, "beta": beta,
+    "eval_batches": eval_batches, "final_eval_batches": final_eval_batches,
+    "log_every": log_every, "spike_ratio": spike_ratio,
+}  # fmt: skip
+grid = experiment.chapter_grid(**grid_kwargs)  # equal-FLOP steps of the regularised runs
+flops_df = experiment.flops_table(grid)
 flops_df
 
 # %% [markdown]
@@ -670,39 +449,16 @@ flops_df
 # and with the regulariser (the optimiser update, the same in all three, is left out).
 
 # %%
-ov_cfg = ModelConfig(task="classify", patch_dim=digits.patch_dim, n_classes=10, dim=digits_dim,
-                     n_layers=n_layers, n_heads=n_heads, max_len=digits.seq_len)  # fmt: skip
-torch.manual_seed(0)
-ov_model = Transformer(ov_cfg)
-xb, yb = digits.train_x[:digits_batch], digits.train_y[:digits_batch]
-
-
-def ov_loss(x, weights: bool, reg: bool):
-    out = ov_model(x, need_weights=weights)
-    loss = torch.nn.functional.cross_entropy(out.logits, yb)
-    if reg:
-        probs = [a.probs for a in out.attentions]
-        loss = loss + alpha * cofactor_regularizer_from_probs(probs, heads=reg_heads, beta=beta)
-    return loss
-
-
-ov_fns = {
-    "baseline": functools.partial(ov_loss, weights=False, reg=False),
-    "need_weights": functools.partial(ov_loss, weights=True, reg=False),
-    "cofactor": functools.partial(ov_loss, weights=True, reg=True),
-}
-for f in ov_fns.values():
-    f.bench_params = list(ov_model.parameters())  # backward w.r.t. the model's parameters
-ov_res = compare(ov_fns, "baseline", (xb,), warmup=1, reps=overhead_repeats, memory=False)[
-    "results"
-]
-ov = {k: v["forward_backward"]["median_s"] for k, v in ov_res.items()}
-ov_ratio = {k: v["forward_backward"]["ratio_median"] for k, v in ov_res.items()}
-overhead = ov_ratio["cofactor"] - 1
+ov = experiment.regularizer_overhead(
+    ModelConfig(**grid["digits_baseline"]["model"]), digits.train_x[:digits_batch],
+    digits.train_y[:digits_batch], reps=overhead_repeats, alpha=alpha, heads=reg_heads, beta=beta,
+)["results"]  # fmt: skip
+ov_ms = {k: 1e3 * v["forward_backward"]["median_s"] for k, v in ov.items()}
+overhead = ov["cofactor"]["forward_backward"]["ratio_median"] - 1
 viz.markdown(
     f"Digits model, batch {digits_batch}, forward + backward, median of {overhead_repeats} rounds: baseline step "
-    f"{1e3 * ov['baseline']:.1f} ms, with probabilities {1e3 * ov['need_weights']:.1f} ms, with the "
-    f"regulariser {1e3 * ov['cofactor']:.1f} ms: the regulariser (probabilities included) costs "
+    f"{ov_ms['baseline']:.1f} ms, with probabilities {ov_ms['need_weights']:.1f} ms, with the "
+    f"regulariser {ov_ms['cofactor']:.1f} ms: the regulariser (probabilities included) costs "
     f"**{100 * overhead:.0f}% of a baseline step** in wall time, against "
     f"{100 * flops_df.loc[flops_df.task == 'digits', 'extra fraction'].item():.2f}% in FLOPs."
 )
@@ -715,102 +471,30 @@ viz.markdown(
 # warm-up). The cofactor diagnostics are measured at the end on 32 validation sequences, for the
 # regularised heads and for all heads.
 
-
 # %%
-def grad_stats(gn: list[float], warmup: int) -> dict:
-    g = np.asarray(gn[warmup:], dtype=float)
-    spikes = sum(1 for t in range(20, len(g)) if g[t] > spike_ratio * np.median(g[t - 20 : t]))
-    return {"grad_norm_var": float(g.var()) if g.size else math.nan,
-            "grad_norm_mean": float(g.mean()) if g.size else math.nan,
-            "grad_spikes": float(spikes)}  # fmt: skip
-
-
-def run(task: str, config: str, seed: int) -> dict:
-    if task == "lm":
-        data, mcfg = corpus, lm_config(corpus.vocab_size)
-        batch, fe = lm_batch, final_eval_batches
-    else:
-        data, mcfg, batch, fe = digits, ov_cfg, digits_batch, None
-    steps = steps_for[(task, config)]
-    regs = (
-        [{"name": "cofactor", "weight": alpha, "heads": reg_heads, "beta": beta}]
-        if config == "cofactor"
-        else []
-    )
-    gnorms: list[float] = []
-    tcfg = TrainConfig(
-        steps=steps, batch_size=batch, seq_len=lm_seq_len, lr=3e-3, warmup_steps=max(1, steps // 10),
-        seed=seed, log_every=log_every, eval_batches=eval_batches, final_eval_batches=fe,
-        eval_batch_size=32, progress=False, measure_flops=False, effective_rank=False,
-        regularizers=regs, diagnostics=[{"name": "cofactor", "heads": reg_heads}],
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    res = train(mcfg, tcfg, data, callbacks=[lambda s, info: gnorms.append(info["grad_norm"])])
-    wall = time.perf_counter() - t0
-    xv = (
-        data.val_x[:32]
-        if task == "digits"
-        else corpus.valid[: 32 * lm_seq_len].view(32, lm_seq_len)
-    )
-    probs = gather_probs(res.model, xv)
-    d_reg = cofactor_diagnostics(probs, heads=reg_heads, max_items=None)
-    d_all = cofactor_diagnostics(probs, heads=None, max_items=None)
-    diag_self = float(
-        torch.stack([p[:, :reg_heads].diagonal(dim1=-2, dim2=-1).mean() for p in probs]).mean()
-    )
-    row = {"task": task, "config": config, "seed": seed, "steps": steps, "wall_s": wall,
-           "val_loss": res.final["val_loss"], "val_acc": res.final["val_acc"],
-           **grad_stats(gnorms, tcfg.warmup_steps),
-           "self_attention (reg heads)": diag_self}  # fmt: skip
-    for k in ["cofactor_min_prob_n", "cofactor_near_zero", "spectral_gap", "frac_disconnected",
-              "frac_with_near_zero", "cofactor_log_margin"]:  # fmt: skip
-        row[f"{k} (reg heads)"] = d_reg[k]
-        row[f"{k} (all heads)"] = d_all[k]
-    row["_gnorms"] = gnorms
-    return row
-
-
-runs = [
-    run(task, config, seed)
-    for task in ["lm", "digits"]
-    for config in ["baseline", "cofactor"]
-    for seed in seeds
-]
-runs_df = pd.DataFrame([{k: v for k, v in r.items() if k != "_gnorms"} for r in runs])
+cells = make_cells(grid, seeds)
+out_dir = Path(results_dir) if results_dir else Path(tempfile.mkdtemp(prefix="cofactor-"))
+out_dir = out_dir if out_dir.is_absolute() else repo_root(Path.cwd()) / out_dir
+runs_df = run_sweep(cells, experiment.run_cell, out_dir, log=None)
+records = {(c.config, c.seed): load_cell(out_dir, c) for c in cells}
+assert len(runs_df) == len(cells), "every cell of the grid must have a result"
+overrides = " ".join(f"-p {k}={json.dumps(v)}" for k, v in grid_kwargs.items())
 viz.markdown(
-    f"{len(runs)} runs in {runs_df['wall_s'].sum():.0f} s of training wall time ({lm_level}-level WikiText-2 and digits)."
+    f"{len(runs_df)} runs in {runs_df['wall_s'].sum():.0f} s of training wall time ({lm_level}-level WikiText-2 and digits)."
+    f" The same runs from the command line: `python -m attention_atlas sweep cofactor --seeds "
+    f"{' '.join(map(str, seeds))} {overrides}`."
 )
 
 # %%
-metrics = ["val_loss", "val_acc", "grad_norm_var", "grad_spikes", "self_attention (reg heads)",
-           "cofactor_min_prob_n (reg heads)", "cofactor_near_zero (reg heads)",
-           "spectral_gap (reg heads)", "frac_disconnected (reg heads)", "cofactor_log_margin (reg heads)",
-           "spectral_gap (all heads)", "frac_disconnected (all heads)"]  # fmt: skip
-
-
-def fmt(values) -> str:
-    m, lo, hi = mean_ci(np.asarray(values, dtype=float))
-    return f"{m:.4g} [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) else f"{m:.4g}"
-
-
-table = []
-for task in ["lm", "digits"]:
-    for config in ["baseline", "cofactor"]:
-        g = runs_df[(runs_df.task == task) & (runs_df.config == config)]
-        table.append({"task": task, "config": config, "steps": int(g.steps.iloc[0]),
-                      **{m: fmt(g[m]) for m in metrics}})  # fmt: skip
-summary = pd.DataFrame(table).set_index(["task", "config"]).T
+summary = experiment.summary_table(runs_df)  # mean [95% interval] over seeds
 summary
 
 # %%
 fig = go.Figure()
-for task in ["lm", "digits"]:
-    for config in ["baseline", "cofactor"]:
-        gs = [r["_gnorms"] for r in runs if r["task"] == task and r["config"] == config]
-        k = min(len(g) for g in gs)
-        viz.line_band(
-            np.arange(1, k + 1), {f"{task} {config}": np.array([g[:k] for g in gs])}, fig=fig
-        )
+for name, params in grid.items():
+    g = experiment.grad_norm_matrix([records[(name, s)] for s in seeds])  # (seeds, steps)
+    label = f"{params['task']} {params['arm']}"
+    viz.line_band(np.arange(1, g.shape[1] + 1), {label: g}, fig=fig)
 fig.update_layout(title="Gradient norm before clipping (mean and 95% interval over seeds)",
                   xaxis_title="step", yaxis_title="||grad||", yaxis_type="log")  # fmt: skip
 viz.show(fig)
@@ -825,68 +509,9 @@ viz.show(fig)
 # *contradicted* when it lies on the other side, and *not resolved* otherwise. "Equal or better"
 # accuracy is met unless the interval lies below zero.
 
-
 # %%
-def paired(task: str, metric: str) -> tuple[float, float, float]:
-    a = (
-        runs_df[(runs_df.task == task) & (runs_df.config == "cofactor")]
-        .sort_values("seed")[metric]
-        .to_numpy()
-    )
-    b = (
-        runs_df[(runs_df.task == task) & (runs_df.config == "baseline")]
-        .sort_values("seed")[metric]
-        .to_numpy()
-    )
-    return mean_ci(a - b)
-
-
-def verdict(lo: float, hi: float, better: str) -> str:
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "not resolved (one seed)"
-    good, bad = (hi < 0, lo > 0) if better == "lower" else (lo > 0, hi < 0)
-    return "met" if good else ("contradicted" if bad else "not resolved")
-
-
-criteria = [
-    (
-        "nearly disconnected heads (fraction, gap < 0.05, reg heads)",
-        "frac_disconnected (reg heads)",
-        "lower",
-    ),
-    ("near-zero cofactors per head (reg heads)", "cofactor_near_zero (reg heads)", "lower"),
-    ("spectral gap (reg heads)", "spectral_gap (reg heads)", "higher"),
-    ("gradient spikes", "grad_spikes", "lower"),
-    ("gradient-norm variance", "grad_norm_var", "lower"),
-    ("validation accuracy", "val_acc", "higher"),
-    ("validation loss", "val_loss", "lower"),
-]
-vrows = []
-for task in ["lm", "digits"]:
-    for name, metric, better in criteria:
-        m, lo, hi = paired(task, metric)
-        v = verdict(lo, hi, better)
-        if metric in ("val_acc", "val_loss") and v == "not resolved":
-            v = "met (no significant difference)"
-        both = runs_df[runs_df.task == task][metric]
-        if (
-            metric in ("frac_disconnected (reg heads)", "cofactor_near_zero (reg heads)")
-            and (both == 0).all()
-        ):
-            v = "vacuous (none in any run)"
-        elif metric == "cofactor_near_zero (reg heads)" and both.nunique() == 1:
-            v = f"degenerate ({both.iloc[0]:g} in every run)"
-        vrows.append(
-            {
-                "task": task,
-                "criterion": name,
-                "cofactor - baseline": m,
-                "95% low": lo,
-                "95% high": hi,
-                "verdict": v,
-            }
-        )
-verdicts = pd.DataFrame(vrows)
+criteria = experiment.criteria(runs_df)  # each paired by seed: cofactor - baseline
+verdicts = experiment.criteria_table(criteria)
 verdicts
 
 # %%
@@ -894,25 +519,22 @@ lm_nz = runs_df[runs_df.task == "lm"]["cofactor_near_zero (reg heads)"]
 lm_minp = runs_df[runs_df.task == "lm"]["cofactor_min_prob_n (reg heads)"]
 assert (lm_minp.abs() < 1e-9).all(), "a causal head's stationary distribution must sit on token 0"
 assert (lm_nz == lm_seq_len - 1).all()
-dself = paired("lm", "self_attention (reg heads)")
-dgap = paired("digits", "spectral_gap (reg heads)")
-dlm = paired("lm", "spectral_gap (reg heads)")
+dself = experiment.paired_effect(runs_df, "lm", "self_attention (reg heads)")
+dgap = experiment.paired_effect(runs_df, "digits", "spectral_gap (reg heads)")
+dlm = experiment.paired_effect(runs_df, "lm", "spectral_gap (reg heads)")
 viz.markdown(
     f"**Causal LM ({lm_level}-level WikiText-2).** As derived in section 1, every causal head has "
     f"$n\\min_i\\pi_i = 0$ and {lm_seq_len - 1} near-zero cofactors out of {lm_seq_len} in *every* run "
     "(asserted above): the cofactor diagnostics carry no information about a decoder's heads, and "
     "the regulariser reduces to a penalty on self-attention. Its measured effect is just that: the "
-    f"mean self-attention weight of the regularised heads changed by {dself[0]:+.4f} "
-    f"[{dself[1]:.4f}, {dself[2]:.4f}] and their spectral gap $1-\\max_j A_{{jj}}$ by "
-    f"{dlm[0]:+.4f} [{dlm[1]:.4f}, {dlm[2]:.4f}].\n\n"
-    f"**Digits (bidirectional).** The regularised heads' spectral gap changed by {dgap[0]:+.4f} "
-    f"[{dgap[1]:.4f}, {dgap[2]:.4f}]. The verdict table above gives every criterion with its "
+    f"mean self-attention weight of the regularised heads changed by {dself.format(4, signed=True)} "
+    f"and their spectral gap $1-\\max_j A_{{jj}}$ by {dlm.format(4, signed=True)}.\n\n"
+    f"**Digits (bidirectional).** The regularised heads' spectral gap changed by "
+    f"{dgap.format(4, signed=True)}. The verdict table above gives every criterion with its "
     f"interval; at this scale ({len(seeds)} seeds, {train_steps} steps, width {digits_dim}) the "
     "criteria read as follows:\n\n"
     + "\n".join(
-        f"* {r['task']}: {r['criterion']}: **{r['verdict']}** ({r['cofactor - baseline']:+.3g} "
-        f"[{r['95% low']:.3g}, {r['95% high']:.3g}])"
-        for _, r in verdicts.iterrows()
+        f"* {c.task}: {c.name}: **{c.verdict}** ({c.effect.format(spec='+.3g')})" for c in criteria
     )
 )
 

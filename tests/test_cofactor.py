@@ -9,13 +9,20 @@ import pytest
 import torch
 
 from attention_atlas.cofactor import (
+    FAMILIES,
     cofactor_diagnostics,
     cofactor_penalty,
     cofactor_regularizer_from_probs,
+    coupled_blocks,
+    exact_cofactors,
     laplacian,
+    left_perron_vector,
     lu_cofactors,
+    nonzero_eigen_product,
     power_stationary,
     principal_cofactors,
+    softmax_family,
+    softmax_matrices,
     spectral_gap,
     stability_margin,
     stationary_distribution,
@@ -25,48 +32,12 @@ from attention_atlas.cofactor import (
 F64 = torch.float64
 
 
-def softmax_matrix(*shape: int, scale: float = 1.0, seed: int = 0, causal: bool = False):
-    g = torch.Generator().manual_seed(seed)
-    z = scale * torch.randn(*shape, generator=g, dtype=F64)
-    if causal:
-        n = shape[-1]
-        z = z.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
-    return torch.softmax(z, -1)
-
-
-def banded_matrix(n: int, width: int = 2, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, n, generator=g, dtype=F64)
-    i = torch.arange(n)
-    band = (i[:, None] - i[None, :]).abs() <= width
-    return torch.softmax(z.masked_fill(~band, -math.inf), -1)
-
-
-def coupled_blocks(n1: int, n2: int, coupling: float, seed: int = 0):
-    """Two softmax blocks; each row moves ``coupling`` of its mass to the other block."""
-    a = softmax_matrix(n1, n1, seed=seed)
-    b = softmax_matrix(n2, n2, seed=seed + 1)
-    A = torch.zeros(n1 + n2, n1 + n2, dtype=F64)
-    A[:n1, :n1] = (1 - coupling) * a
-    A[n1:, n1:] = (1 - coupling) * b
-    A[:n1, n1:] = coupling / n2
-    A[n1:, :n1] = coupling / n1
-    return A
-
-
 CASES = {
-    "random": lambda: softmax_matrix(3, 7, 7, scale=2.0),
-    "banded": lambda: banded_matrix(9),
-    "causal": lambda: softmax_matrix(2, 6, 6, causal=True),
+    "random": lambda: softmax_matrices(3, 7, 7, scale=2.0),
+    "banded": lambda: softmax_matrices(9, 9, mask="banded"),
+    "causal": lambda: softmax_matrices(2, 6, 6, mask="causal"),
     "nearly_reducible": lambda: coupled_blocks(4, 3, 1e-3),
 }
-
-
-def nonzero_eigen_product(A: torch.Tensor) -> torch.Tensor:
-    L = torch.eye(A.shape[-1], dtype=F64) - A
-    ev = torch.linalg.eigvals(L)
-    ev = torch.gather(ev, -1, ev.abs().argsort(-1))  # the zero eigenvalue first
-    return ev[..., 1:].prod(-1).real
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -95,17 +66,45 @@ def test_cofactors_are_proportional_to_the_stationary_distribution(case):
     A = CASES[case]()
     c = principal_cofactors(A, "minors")
     assert (c > 0).all()
-    for a, ci in zip(A.reshape(-1, A.shape[-1], A.shape[-1]), c.reshape(-1, A.shape[-1])):
-        w, v = np.linalg.eig(a.numpy().T)
-        pi = np.real(v[:, np.argmin(np.abs(w - 1))])
-        pi = pi / pi.sum()
-        np.testing.assert_allclose((ci / ci.sum()).numpy(), pi, rtol=1e-8, atol=1e-12)
-        np.testing.assert_allclose(stationary_distribution(a).numpy(), pi, rtol=1e-8, atol=1e-12)
+    pi = left_perron_vector(A)  # numpy's eigenvectors of A^T, an independent route
+    torch.testing.assert_close(c / c.sum(-1, keepdim=True), pi, rtol=1e-8, atol=1e-12)
+    torch.testing.assert_close(stationary_distribution(A), pi, rtol=1e-8, atol=1e-12)
+
+
+def test_references_agree_with_their_definitions_on_a_two_state_chain():
+    """A = [[1-p, p], [q, 1-q]]: L has eigenvalues 0 and p + q, c = (q, p), pi = (q, p) / (p + q)."""
+    p, q = 0.3, 0.05
+    A = torch.tensor([[1 - p, p], [q, 1 - q]], dtype=F64)
+    torch.testing.assert_close(nonzero_eigen_product(A), torch.tensor(p + q, dtype=F64))
+    torch.testing.assert_close(left_perron_vector(A), torch.tensor([q, p], dtype=F64) / (p + q))
+    torch.testing.assert_close(exact_cofactors(A), torch.tensor([q, p], dtype=F64))
+
+
+def test_matrix_families_are_row_stochastic_with_the_stated_support():
+    n = 7
+    causal = softmax_matrices(3, n, n, mask="causal")
+    banded = softmax_matrices(n, n, mask="banded", width=2)
+    i = torch.arange(n)
+    assert (causal[..., i[None, :] > i[:, None]] == 0).all() and (causal.tril() > 0).sum() == 3 * 28
+    assert (banded[(i[:, None] - i[None, :]).abs() > 2] == 0).all()
+    assert (banded[(i[:, None] - i[None, :]).abs() <= 2] > 0).all()
+    for eps in (0.0, 1e-3):
+        A = coupled_blocks(4, 3, eps, count=2)
+        torch.testing.assert_close(A.sum(-1), torch.ones(2, n, dtype=F64))
+        torch.testing.assert_close(A[:, :4, 4:].sum(-1), torch.full((2, 4), eps, dtype=F64))
+        torch.testing.assert_close(A[:, 4:, :4].sum(-1), torch.full((2, 3), eps, dtype=F64))
+    for kind in FAMILIES:
+        A = softmax_family(kind, 8, 5, seed=1)
+        assert A.shape == (5, 8, 8)
+        torch.testing.assert_close(A.sum(-1), torch.ones(5, 8, dtype=F64))
+        torch.testing.assert_close(A, softmax_family(kind, 8, 5, seed=1), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        softmax_family("circulant", 4, 1)
 
 
 def test_causal_cofactors_concentrate_on_the_first_token():
     """Causal A: L has a zero first row; c = prod_{j>=1} (1 - A_jj) e_0 and pi = e_0."""
-    A = softmax_matrix(4, 8, 8, causal=True, seed=3)
+    A = softmax_matrices(4, 8, 8, mask="causal", seed=3)
     c = principal_cofactors(A, "lu")
     expected = torch.zeros_like(c)
     expected[..., 0] = (1 - A.diagonal(dim1=-2, dim2=-1)[..., 1:]).prod(-1)
@@ -119,7 +118,7 @@ def test_causal_cofactors_concentrate_on_the_first_token():
 
 def test_lu_cofactors_match_minors_to_1e10_relative_in_float64():
     for n in (2, 3, 8, 16, 33):
-        A = softmax_matrix(5, n, n, scale=1.5, seed=n)
+        A = softmax_matrices(5, n, n, scale=1.5, seed=n)
         ref = principal_cofactors(A, "minors")
         lu = principal_cofactors(A, "lu")
         rel = (lu - ref).abs().amax(-1) / ref.abs().amax(-1)
@@ -127,7 +126,7 @@ def test_lu_cofactors_match_minors_to_1e10_relative_in_float64():
 
 
 def test_lu_normalised_cofactors_sum_to_one_and_margin_is_the_shifted_determinant():
-    A = softmax_matrix(3, 10, 10, seed=1)
+    A = softmax_matrices(3, 10, 10, seed=1)
     res = lu_cofactors(A)
     torch.testing.assert_close(res.x.sum(-1), torch.ones(3, dtype=F64))
     M = torch.eye(10, dtype=F64) - A + 1.0 / 10
@@ -135,7 +134,7 @@ def test_lu_normalised_cofactors_sum_to_one_and_margin_is_the_shifted_determinan
 
 
 def test_lu_in_float32_agrees_with_float64():
-    A = softmax_matrix(4, 24, 24, seed=2)
+    A = softmax_matrices(4, 24, 24, seed=2)
     c64 = principal_cofactors(A, "lu")
     c32 = principal_cofactors(A.float(), "lu")
     assert c32.dtype == torch.float32
@@ -144,7 +143,7 @@ def test_lu_in_float32_agrees_with_float64():
 
 
 def test_power_iteration_error_is_within_its_stated_bound():
-    A = softmax_matrix(6, 20, 20, scale=2.0, seed=4)
+    A = softmax_matrices(6, 20, 20, scale=2.0, seed=4)
     pi_ref = stationary_distribution(A, "minors")
     for tol in (1e-4, 1e-8):
         pi, bound, iters = power_stationary(A, tol=tol)
@@ -158,14 +157,19 @@ def test_power_iteration_error_is_within_its_stated_bound():
 
 
 def test_power_bound_is_infinite_when_no_column_is_reached_by_every_row():
-    A = softmax_matrix(8, 8, causal=True)
-    _, bound, _ = power_stationary(A.T.contiguous().flip(0, 1) * 0 + torch.eye(8, dtype=F64))
-    assert torch.isinf(bound)
+    """delta = 1 - sum_j min_i A_ij is 1 when every column has a zero: the bound is infinite."""
+    for A in (torch.eye(8, dtype=F64), softmax_matrices(8, 8, mask="banded", width=2)):
+        assert float(A.amin(-2).sum()) == 0.0
+        _, bound, _ = power_stationary(A)
+        assert torch.isinf(bound)
+    # causal attention: every row reaches token 0, so delta < 1 and the bound is finite
+    _, bound, _ = power_stationary(softmax_matrices(8, 8, mask="causal"))
+    assert torch.isfinite(bound)
 
 
 def test_two_closed_classes_give_zero_cofactors_and_margin():
-    a = softmax_matrix(3, 3, seed=5)
-    b = softmax_matrix(4, 4, seed=6)
+    a = softmax_matrices(3, 3, seed=5)
+    b = softmax_matrices(4, 4, seed=6)
     A = torch.block_diag(a, b)
     for method in ("minors", "lu"):
         c = principal_cofactors(A, method)
@@ -223,7 +227,7 @@ def test_penalty_passes_gradcheck_and_matches_the_minors_reference():
 
 
 def test_penalty_value_is_the_seed_formula():
-    A = softmax_matrix(4, 5, 5, seed=7)
+    A = softmax_matrices(4, 5, 5, seed=7)
     c = principal_cofactors(A, "minors")
     eps, beta = 1e-8, 0.3
     pi = (c.clamp_min(0) + eps) / (c.clamp_min(0) + eps).sum(-1, keepdim=True)
@@ -234,7 +238,7 @@ def test_penalty_value_is_the_seed_formula():
 
 
 def test_penalty_of_float32_probabilities_is_computed_in_float64():
-    A = softmax_matrix(2, 6, 6).float().requires_grad_(True)
+    A = softmax_matrices(2, 6, 6).float().requires_grad_(True)
     p = cofactor_penalty(A, beta=1.0)
     assert p.dtype == F64
     p.backward()
@@ -253,7 +257,7 @@ def test_penalty_is_finite_with_gradient_for_saturated_causal_attention():
 
 
 def test_regularizer_selects_layers_and_heads():
-    probs = [softmax_matrix(2, 4, 5, 5, seed=s) for s in range(3)]
+    probs = [softmax_matrices(2, 4, 5, 5, seed=s) for s in range(3)]
     full = cofactor_penalty(probs[1][:, :2], beta=0.1)
     sel = cofactor_regularizer_from_probs(probs, layers=[1], heads=2, beta=0.1)
     torch.testing.assert_close(sel, full)
@@ -289,7 +293,7 @@ def test_diagnostics_of_doubly_stochastic_and_reducible_heads():
 
 @pytest.mark.parametrize("method", ["minors", "lu", "power"])
 def test_batched_shapes_and_single_matrices(method):
-    A = softmax_matrix(2, 3, 5, 5)
+    A = softmax_matrices(2, 3, 5, 5)
     assert principal_cofactors(A, method).shape == (2, 3, 5)
     assert stability_margin(A).shape == (2, 3)
     assert stationary_distribution(A, method).shape == (2, 3, 5)
@@ -299,7 +303,7 @@ def test_batched_shapes_and_single_matrices(method):
 
 
 def test_clear_errors_on_bad_input():
-    A = softmax_matrix(4, 4)
+    A = softmax_matrices(4, 4)
     with pytest.raises(ValueError, match="square"):
         principal_cofactors(A[:, :3])
     with pytest.raises(ValueError, match="square"):
@@ -327,14 +331,10 @@ def test_clear_errors_on_bad_input():
 
 
 def test_harness_registers_and_runs_the_cofactor_regularizer_and_diagnostic():
+    from attention_atlas.attention.registry import available_diagnostics, available_regularizers
     from attention_atlas.data import ArrayTask
     from attention_atlas.models import ModelConfig
-    from attention_atlas.train import (
-        TrainConfig,
-        available_diagnostics,
-        available_regularizers,
-        train,
-    )
+    from attention_atlas.train import TrainConfig, train
 
     assert "cofactor" in available_regularizers() and "cofactor" in available_diagnostics()
     g = torch.Generator().manual_seed(0)
@@ -362,9 +362,7 @@ def test_harness_registers_and_runs_the_cofactor_regularizer_and_diagnostic():
 
 
 def test_exact_reference_agrees_with_both_methods_on_well_conditioned_input():
-    from attention_atlas.cofactor import exact_cofactors
-
-    A = softmax_matrix(7, 7, seed=11)
+    A = softmax_matrices(7, 7, seed=11)
     ex = exact_cofactors(A)
     for method in ("minors", "lu"):
         c = principal_cofactors(A, method)

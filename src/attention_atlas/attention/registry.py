@@ -68,14 +68,14 @@ VARIANTS: dict[str, str] = {
 #: spec's ``weight``); with ``needs_weights`` the training forward runs with
 #: ``need_weights=True`` so that ``output.attentions[l].probs`` exist.
 REGULARIZERS: dict[str, tuple[str, bool]] = {
-    "cofactor": ("attention_atlas.cofactor:regularizer", True),
+    "cofactor": ("attention_atlas.cofactor.penalty:regularizer", True),
     "fiber_bundle": ("attention_atlas.fiber_bundle:fiber_bundle_regularizer", False),
 }
 
 #: diagnostic name -> "module:function"; ``fn(model, output, batch, **options) -> dict[str,
 #: float]``, called at each log step (eval mode, no grad) with ``need_weights=True``.
 DIAGNOSTICS: dict[str, str] = {
-    "cofactor": "attention_atlas.cofactor:diagnostic",
+    "cofactor": "attention_atlas.cofactor.diagnostics:diagnostic",
     "fiber_bundle": "attention_atlas.fiber_bundle:fiber_bundle_diagnostic",
 }
 

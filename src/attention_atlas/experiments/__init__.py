@@ -19,6 +19,7 @@ __all__ = ["EXPERIMENTS", "experiment"]
 
 #: experiment name (as on the command line) -> module
 EXPERIMENTS: dict[str, str] = {
+    "cofactor": "attention_atlas.experiments.cofactor",
     "fiber-bundle": "attention_atlas.fiber_bundle",
     "matroidal": "attention_atlas.experiments.matroidal",
 }

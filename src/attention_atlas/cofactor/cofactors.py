@@ -1,4 +1,4 @@
-"""Principal cofactors of attention Laplacians, the stability margin and the cofactor regulariser.
+"""Principal cofactors of attention Laplacians, the stability margin and the stationary distribution.
 
 An attention matrix ``A (..., n, n)`` is row-stochastic (``A 1 = 1``), so ``L = I - A`` has
 ``L 1 = 0``. When ``rank L = n - 1`` (for example when the chain ``A`` is irreducible) the
@@ -45,27 +45,18 @@ Jacobian annihilates).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "METHODS",
     "CofactorResult",
-    "diagnostic",
-    "regularizer",
-    "cofactor_diagnostics",
-    "cofactor_flops",
-    "cofactor_penalty",
-    "cofactor_regularizer_from_probs",
-    "exact_cofactors",
     "laplacian",
     "lu_cofactors",
     "power_stationary",
     "principal_cofactors",
-    "spectral_gap",
     "stability_margin",
     "stationary_distribution",
     "validate_stochastic",
@@ -317,34 +308,6 @@ def _with_fallback(A: Tensor, c: Tensor, singular: Tensor) -> Tensor:
     return cf.reshape(*batch, n)
 
 
-def exact_cofactors(A: Tensor, dps: int = 50) -> Tensor:
-    """High-precision reference: the principal cofactors of one ``A (n, n)`` by ``mpmath``
-    determinants at ``dps`` decimal digits, returned in float64 ``(n,)`` (no gradient).
-
-    ``L`` is formed from the float64 entries of ``A`` exactly as :func:`laplacian` does, so the
-    result is the exact cofactor vector of the matrix actually passed, rounded once.
-    """
-    import mpmath
-
-    if A.dim() != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"exact_cofactors takes one square matrix (n, n), got {tuple(A.shape)}")
-    a = A.detach().to(torch.float64).cpu().tolist()
-    n = len(a)
-    with mpmath.workdps(dps):
-        L = mpmath.matrix(n, n)
-        for i in range(n):
-            for j in range(n):
-                if i != j:
-                    L[i, j] = -mpmath.mpf(a[i][j])
-            L[i, i] = mpmath.fsum(mpmath.mpf(a[i][j]) for j in range(n) if j != i)
-        out = []
-        for i in range(n):
-            keep = [j for j in range(n) if j != i]
-            minor = mpmath.matrix([[L[r, c] for c in keep] for r in keep]) if keep else None
-            out.append(float(mpmath.det(minor)) if minor is not None else 1.0)
-    return torch.tensor(out, dtype=torch.float64, device=A.device)
-
-
 def stability_margin(A: Tensor, *, atol: float = 1e-4, check: bool = True) -> Tensor:
     """``m = sum_i c_i = prod_{k>=2} lambda_k(I - A) = det(I - A + 1 1^T / n)``, shape ``(...)``.
 
@@ -381,226 +344,3 @@ def stationary_distribution(
         c = _minors_cofactors(A)
         return c / c.sum(-1, keepdim=True)
     return lu_cofactors(A).x
-
-
-# --------------------------------------------------------------------------------------------
-# the regulariser
-# --------------------------------------------------------------------------------------------
-def cofactor_penalty(
-    A: Tensor,
-    *,
-    beta: float = 0.0,
-    eps: float = 1e-8,
-    method: str = "lu",
-    reduce: str = "mean",
-) -> Tensor:
-    """The seed's regulariser ``-log(|sum c| + eps) + beta KL(u || pi)`` per matrix, in float64.
-
-    ``pi_i = (max(c_i, 0) + eps) / sum_j (max(c_j, 0) + eps)`` and ``u_i = 1 / n``.
-
-    The matrices are cast to float64 (differentiably). ``log(|m| + eps)`` is evaluated as
-    ``logaddexp(log|m|, log eps)`` so a tiny margin does not underflow; the sign of ``m``, the
-    clipping ``max(c, 0)`` and the choice of a fallback for singular matrices are decisions
-    through which no gradient flows (gradients go through the determinant values only).
-
-    Args:
-        A: ``(..., n, n)`` row-stochastic (not validated: the caller produced it by a softmax).
-        beta: weight of the KL term.
-        eps: the seed's epsilon.
-        method: ``"lu"`` (default) or ``"minors"`` (the reference).
-        reduce: ``"mean"`` over matrices (scalar), or ``"none"`` (shape ``(...)``).
-    """
-    if method not in ("lu", "minors"):
-        raise ValueError(
-            f"the penalty needs exact cofactors: method 'lu' or 'minors', got {method!r}"
-        )
-    A64 = A.to(torch.float64)
-    n = A64.shape[-1]
-    if method == "lu":
-        res = lu_cofactors(A64)
-        singular = res.singular
-        logabs = res.logabsdet
-        c = _with_fallback(A64, res.cofactors, singular)
-        if bool(singular.any()):
-            tiny = torch.finfo(torch.float64).tiny
-            logabs = torch.where(singular, c.sum(-1).abs().clamp_min(tiny).log(), logabs)
-    else:
-        c = _minors_cofactors(A64)
-        logabs = c.sum(-1).abs().clamp_min(torch.finfo(torch.float64).tiny).log()
-    log_eps = torch.full_like(logabs, math.log(eps))
-    margin_term = -torch.logaddexp(logabs, log_eps)  # -log(|m| + eps)  (seed's penalty)
-    loss = margin_term
-    if beta:
-        pos = c.clamp_min(0.0) + eps
-        log_pi = pos.log() - pos.sum(-1, keepdim=True).log()
-        kl = -math.log(n) - log_pi.mean(-1)  # KL(u || pi) = sum u (log u - log pi)
-        loss = loss + beta * kl
-    if reduce == "mean":
-        return loss.mean()
-    if reduce == "none":
-        return loss
-    raise ValueError(f"reduce must be 'mean' or 'none', got {reduce!r}")
-
-
-def _select(
-    probs: Sequence[Tensor | None], layers: Sequence[int] | None, heads: Sequence[int] | int | None
-) -> list[Tensor]:
-    """Pick ``(B, h, L, L)`` slices of the chosen layers and heads from per-layer probabilities."""
-    n_layers = len(probs)
-    chosen = range(n_layers) if layers is None else layers
-    out = []
-    for li in chosen:
-        if not -n_layers <= li < n_layers:
-            raise ValueError(f"layer index {li} out of range for {n_layers} layers")
-        p = probs[li]
-        if p is None:
-            raise ValueError(
-                f"layer {li} returned no attention probabilities; the cofactor terms need "
-                "need_weights=True and a variant that materialises its probabilities"
-            )
-        h = p.shape[1]
-        if heads is None:
-            idx = list(range(h))
-        elif isinstance(heads, int):
-            idx = list(range(min(heads, h)))
-        else:
-            idx = list(heads)
-        out.append(p[:, idx])
-    return out
-
-
-def cofactor_regularizer_from_probs(
-    probs: Sequence[Tensor | None],
-    *,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | int | None = 1,
-    beta: float = 0.0,
-    eps: float = 1e-8,
-    method: str = "lu",
-    max_items: int | None = None,
-) -> Tensor:
-    """Mean cofactor penalty over the selected layers, heads and batch items (a scalar, float64).
-
-    Args:
-        probs: per-layer attention probabilities ``(B, H, L, L)`` (e.g. ``[r.probs for r in
-            output.attentions]``).
-        layers: layer indices (default all).
-        heads: head indices, or an int ``k`` for the first ``k`` heads of each layer (default 1),
-            or None for all.
-        beta, eps, method: see :func:`cofactor_penalty`.
-        max_items: use only the first ``max_items`` batch items (cost control).
-    """
-    sel = _select(probs, layers, heads)
-    if max_items is not None:
-        sel = [p[:max_items] for p in sel]
-    n = sel[0].shape[-1]
-    # one batched call for every selected (layer, item, head): (sum B h, n, n)
-    stacked = torch.cat([p.reshape(-1, n, n) for p in sel])
-    return cofactor_penalty(stacked, beta=beta, eps=eps, method=method)
-
-
-# --------------------------------------------------------------------------------------------
-# diagnostics
-# --------------------------------------------------------------------------------------------
-def spectral_gap(A: Tensor) -> Tensor:
-    """``1 - |lambda_2(A)|`` per matrix ``(...)``, eigenvalues sorted by modulus (float64, no grad).
-
-    Zero when the chain has several closed classes or is periodic.
-    """
-    with torch.no_grad():
-        ev = torch.linalg.eigvals(A.detach().to(torch.float64)).abs()  # (..., n)
-        top2 = ev.topk(min(2, ev.shape[-1]), dim=-1).values
-        if top2.shape[-1] < 2:
-            return torch.ones(A.shape[:-2], dtype=torch.float64, device=A.device)
-        return 1.0 - top2[..., 1]
-
-
-def cofactor_diagnostics(
-    probs: Sequence[Tensor | None],
-    *,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | int | None = None,
-    near_zero: float = 1e-2,
-    gap_tol: float = 0.05,
-    max_items: int | None = 8,
-) -> dict[str, float]:
-    """Cofactor health of the selected heads, averaged over layers, heads and batch items.
-
-    Per matrix, with ``pi = c / sum c`` (normalised exact cofactors, float64):
-
-    - ``cofactor_min_prob``: ``min_i pi_i`` (``1 / n`` for a doubly stochastic matrix);
-    - ``cofactor_min_prob_n``: ``n min_i pi_i`` (1 = uniform access, 0 = a token no one reaches);
-    - ``cofactor_near_zero``: number of tokens with ``pi_i < near_zero / n``;
-    - ``cofactor_log_margin``: ``log |m|``;
-    - ``spectral_gap``: ``1 - |lambda_2(A)|``;
-    - ``frac_disconnected``: fraction of matrices with ``spectral_gap < gap_tol`` (nearly
-      reducible heads);
-    - ``frac_with_near_zero``: fraction of matrices with at least one near-zero cofactor.
-
-    Also returned per layer as ``..._layer{l}`` for the minimum probability and the gap.
-    """
-    sel_layers = list(range(len(probs))) if layers is None else list(layers)
-    sel = _select(probs, sel_layers, heads)
-    out: dict[str, float] = {}
-    allmin, allnz, alllog, allgap = [], [], [], []
-    with torch.no_grad():
-        for li, p in zip(sel_layers, sel):
-            if max_items is not None:
-                p = p[:max_items]
-            A = p.detach().to(torch.float64)
-            n = A.shape[-1]
-            res = lu_cofactors(A)
-            pi = torch.where(res.singular.unsqueeze(-1), torch.zeros_like(res.x), res.x)
-            mn = pi.amin(-1)
-            nz = (pi < near_zero / n).sum(-1).to(torch.float64)
-            lg = torch.where(res.singular, torch.full_like(res.logabsdet, -745.0), res.logabsdet)
-            gap = spectral_gap(A)
-            allmin.append(mn.reshape(-1))
-            allnz.append(nz.reshape(-1))
-            alllog.append(lg.reshape(-1))
-            allgap.append(gap.reshape(-1))
-            out[f"cofactor_min_prob_n_layer{li}"] = float((n * mn).mean())
-            out[f"spectral_gap_layer{li}"] = float(gap.mean())
-        mn_all, nz_all = torch.cat(allmin), torch.cat(allnz)
-        gap_all, log_all = torch.cat(allgap), torch.cat(alllog)
-        n = sel[0].shape[-1]
-        out.update(
-            cofactor_min_prob=float(mn_all.mean()),
-            cofactor_min_prob_n=float((n * mn_all).mean()),
-            cofactor_near_zero=float(nz_all.mean()),
-            cofactor_log_margin=float(log_all.mean()),
-            spectral_gap=float(gap_all.mean()),
-            frac_disconnected=float((gap_all < gap_tol).to(torch.float64).mean()),
-            frac_with_near_zero=float((nz_all > 0).to(torch.float64).mean()),
-        )
-    return out
-
-
-def _probs_of(output: Any) -> list[Tensor | None]:
-    """Per-layer probabilities from a model output with ``attentions`` (list of AttentionResult)."""
-    atts = getattr(output, "attentions", None)
-    if atts is None:
-        raise ValueError("model output has no 'attentions'; run the model with need_weights=True")
-    return [getattr(a, "probs", None) for a in atts]
-
-
-def cofactor_flops(n: int) -> int:
-    """Estimated FLOPs of the cofactor term for one ``n x n`` matrix, forward and backward.
-
-    One LU (``2 n^3 / 3``) and one pair of triangular solves (``2 n^2``) forward; backward taken
-    as twice the forward (the usual rule), so ``2 n^3 + 6 n^2``. An estimate:
-    :class:`torch.utils.flop_counter.FlopCounterMode` has no formula for LAPACK's LU.
-    """
-    return 2 * n**3 + 6 * n**2
-
-
-def regularizer(model: Any, output: Any, batch: Any, **options: Any) -> Tensor:
-    """Harness regulariser ``"cofactor"``: :func:`cofactor_regularizer_from_probs` on the
-    probabilities of ``output.attentions``. Options: ``layers``, ``heads`` (default 1: the
-    first head of each layer), ``beta``, ``eps``, ``method``, ``max_items``."""
-    return cofactor_regularizer_from_probs(_probs_of(output), **options)
-
-
-def diagnostic(model: Any, output: Any, batch: Any, **options: Any) -> dict[str, float]:
-    """Harness diagnostic ``"cofactor"``: :func:`cofactor_diagnostics` (all heads by default)."""
-    return cofactor_diagnostics(_probs_of(output), **options)
