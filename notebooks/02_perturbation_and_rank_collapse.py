@@ -82,30 +82,12 @@ checks[["dS_over_bound", "dA_over_dS", "sv_gap_over_bound"]].describe().loc[["mi
 
 # %%
 fig = go.Figure()
-fig.add_trace(
-    go.Scatter(
-        x=checks["strength"],
-        y=checks["dS_over_bound"],
-        mode="markers",
-        name="||dS||_F / (L U^2 M / tau)",
-    )
-)
-fig.add_trace(
-    go.Scatter(
-        x=checks["strength"],
-        y=checks["dA_over_dS"],
-        mode="markers",
-        name="||A_R - A_E||_F / ||dS||_F",
-    )
-)
-fig.add_trace(
-    go.Scatter(
-        x=checks["strength"],
-        y=checks["sv_gap_over_bound"],
-        mode="markers",
-        name="max_k |sigma_k gap| / bound",
-    )
-)
+for column, name in [
+    ("dS_over_bound", "||dS||_F / (L U^2 M / tau)"),
+    ("dA_over_dS", "||A_R - A_E||_F / ||dS||_F"),
+    ("sv_gap_over_bound", "max_k |sigma_k gap| / bound"),
+]:
+    fig.add_trace(go.Scatter(x=checks["strength"], y=checks[column], mode="markers", name=name))
 fig.add_hline(y=0.5, line_dash="dot", annotation_text="1/2: the row-softmax Jacobian's norm bound")
 fig.update_layout(
     title="How tight are eq. (12) and eq. (13)? (1 = tight)",
@@ -139,20 +121,12 @@ sweep = rc.sigma2_sweep(sweep_lengths, strengths, rank=rank, generator=gen)
 # sub-critical: eq. (13) pins sigma_2 to the Euclidean value
 sub = sweep[sweep["c"] <= 0.1]
 assert ((sub["sigma2_riem"] - sub["sigma2_euc"]).abs() <= sub["bound"]).all()
-fig = go.Figure()
-for L in sweep_lengths:
-    part = sweep[sweep["L"] == L]
-    fig.add_trace(
-        go.Scatter(x=part["c"], y=part["sigma2_ratio"], mode="lines+markers", name=f"L={L}")
-    )
-fig.add_vline(x=1.0, line_dash="dot", annotation_text="c = 1: U-bar^2 = tau / L")
-fig.update_layout(
-    title="sigma_2(A_Riem) / sigma_2(A_Euc) against U-bar^2 in units of tau / L",
-    xaxis_title="c = U-bar^2 L / tau",
-    yaxis_title="sigma_2 ratio",
-    xaxis_type="log",
-    yaxis_type="log",
+ratios = {f"L={L}": sweep[sweep["L"] == L]["sigma2_ratio"] for L in sweep_lengths}
+fig = viz.loglog(
+    strengths, ratios, xlabel="c = U-bar^2 L / tau", ylabel="sigma_2 ratio", slopes_in_legend=False
 )
+fig.add_vline(x=1.0, line_dash="dot", annotation_text="c = 1: U-bar^2 = tau / L")
+fig.update_layout(title="sigma_2(A_Riem) / sigma_2(A_Euc) against U-bar^2 in units of tau / L")
 viz.show(fig)
 fig = go.Figure()
 for L in sweep_lengths:
