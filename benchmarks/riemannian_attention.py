@@ -24,19 +24,17 @@ import torch
 import torch.nn.functional as F
 
 from attention_atlas.attention import riemannian as R
-from attention_atlas.bench import compare, format_table, peak_memory
-from attention_atlas.linalg import metric_dense, metric_inverse_apply
-
-
-def inputs(b: int, h: int, L: int, d: int, r: int, dtype=torch.float32, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, L, d, generator=g, dtype=dtype) for _ in range(3))
-    U = 0.3 * torch.randn(b, h, L, d, r, generator=g, dtype=dtype) / math.sqrt(d)
-    return [t.requires_grad_() for t in (q, k, v, U)]
+from attention_atlas.bench import compare, format_table
+from attention_atlas.experiments.riemannian_cost import (
+    attention_inputs,
+    attention_paths,
+    peak_memory_at,
+    woodbury_vs_dense,
+)
 
 
 def accuracy(L: int, causal: bool) -> dict[str, float]:
-    q, k, v, U = inputs(1, 4, L, 16, 4, torch.float64)
+    q, k, v, U = attention_inputs(1, 4, L, 16, 4, dtype=torch.float64)
     tau = math.sqrt(32)
     w = torch.randn_like(v)
     ref = R.geodesic_attention_reference(q, k, v, U, tau, causal)[0]
@@ -48,21 +46,6 @@ def accuracy(L: int, causal: bool) -> dict[str, float]:
         out[f"{method}_max_abs_diff_out"] = float((fast - ref).detach().abs().max())
         out[f"{method}_max_abs_diff_grad"] = max(float((a - b).abs().max()) for a, b in zip(gf, gr))
     return out
-
-
-def fns(tau: float, causal: bool) -> dict[str, Any]:
-    return {
-        "sdpa": lambda q, k, v, U: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "geodesic_augmented": lambda q, k, v, U: R.geodesic_attention(
-            q, k, v, U, tau, causal, method="augmented"
-        ),
-        "geodesic_sdpa_padded": lambda q, k, v, U: R.geodesic_attention(
-            q, k, v, U, tau, causal, method="sdpa"
-        ),
-        "geodesic_lowrank": lambda q, k, v, U: R.geodesic_attention(
-            q, k, v, U, tau, causal, method="lowrank"
-        ),
-    }
 
 
 def main() -> None:
@@ -92,9 +75,9 @@ def main() -> None:
     if "2" not in args.skip:
         for causal in (False, True):
             res = compare(
-                fns(tau, causal),
+                attention_paths(tau, causal),
                 "sdpa",
-                inputs(2, 8, L, d, r),
+                attention_inputs(2, 8, L, d, r),
                 reps=args.reps,
                 meta={
                     "batch": 2,
@@ -109,12 +92,12 @@ def main() -> None:
             out[f"vs_sdpa_causal={causal}"] = res
             save()
         ref = {
-            "sdpa": fns(tau, False)["sdpa"],
-            "geodesic_augmented": fns(tau, False)["geodesic_augmented"],
+            "sdpa": attention_paths(tau, False)["sdpa"],
+            "geodesic_augmented": attention_paths(tau, False)["geodesic_augmented"],
             "reference": lambda q, k, v, U: R.geodesic_attention_reference(q, k, v, U, tau)[0],
         }
         res = compare(
-            ref, "sdpa", inputs(1, 8, L, d, r), reps=max(3, args.reps // 2), backward=False,
+            ref, "sdpa", attention_inputs(1, 8, L, d, r), reps=max(3, args.reps // 2), backward=False,
             meta={"batch": 1, "heads": 8, "length": L, "head_dim": d, "rank": r, "causal": False},
         )  # fmt: skip
         print(format_table(res))
@@ -125,16 +108,7 @@ def main() -> None:
         mem: dict[str, dict[str, int]] = {}
         length = 1024
         while length <= args.max_memory_length:
-            q, k, v, U = inputs(1, 2, length, d, r)
-            row: dict[str, int] = {}
-            for name, f in fns(tau, True).items():
-                if name == "geodesic_lowrank":
-                    continue
-
-                def step(f=f, args=(q, k, v, U)) -> None:
-                    f(*args).sum().backward()
-
-                row[name] = peak_memory(step, q.device)
+            row = peak_memory_at(length, d=d, r=r, heads=2)
             mem[str(length)] = row
             print(
                 "peak memory (MiB) at L =", length, {n: round(b / 2**20, 1) for n, b in row.items()}
@@ -153,7 +127,7 @@ def main() -> None:
                     "augmented": lambda q, k, v, U, t=t: R.geodesic_attention(q, k, v, U, t, method="augmented"),
                     "lowrank": lambda q, k, v, U, t=t: R.geodesic_attention(q, k, v, U, t, method="lowrank"),
                 },
-                "sdpa", inputs(1, 4, 512, dd, r), reps=max(3, args.reps // 2), backward=False,
+                "sdpa", attention_inputs(1, 4, 512, dd, r), reps=max(3, args.reps // 2), backward=False,
                 memory=False, meta={"batch": 1, "heads": 4, "length": 512, "head_dim": dd, "rank": r},
             )  # fmt: skip
             print(format_table(res))
@@ -162,19 +136,12 @@ def main() -> None:
         save()
 
     if "5" not in args.skip:
-        g = torch.Generator().manual_seed(3)
-        U = torch.randn(16, 1024, 8, generator=g, dtype=torch.float64) / 32
-        x = torch.randn(16, 1024, generator=g, dtype=torch.float64)
-        dense = torch.linalg.solve(metric_dense(U), x.unsqueeze(-1)).squeeze(-1)
-        err = float((metric_inverse_apply(U, x) - dense).abs().max() / dense.abs().max())
-        res = compare(
-            {
-                "dense_solve": lambda U, x: torch.linalg.solve(metric_dense(U), x.unsqueeze(-1)).squeeze(-1),
-                "woodbury": metric_inverse_apply,
-            },
-            "dense_solve", (U, x), reps=args.reps, backward=False, memory=False,
-            meta={"tokens": 16, "d": 1024, "r": 8, "dtype": "float64", "rel_err": err},
+        wood = woodbury_vs_dense(
+            16, reps=args.reps, generator=torch.Generator().manual_seed(3),
+            meta={"tokens": 16, "d": 1024, "r": 8, "dtype": "float64"},
         )  # fmt: skip
+        res = wood["compare"]
+        res["meta"]["rel_err"] = wood["rel_err"]
         print(format_table(res))
         out["woodbury_vs_dense_solve"] = res
         save()

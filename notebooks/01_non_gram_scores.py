@@ -48,51 +48,15 @@ seed = 0
 SMOKE = {"dims": [2, 3, 4], "ranks": [1, 2], "n_draws": 3, "focus_d": 3}
 
 # %%
-import math
-
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 import torch
 
 from attention_atlas import viz
-from attention_atlas.attention.riemannian import (
-    augmented_dim,
-    geodesic_attention_reference,
-    geodesic_features,
-    geodesic_scores,
-    token_metric,
-)
-from attention_atlas.linalg import numerical_rank, singular_values
+from attention_atlas.attention.riemannian import augmented_dim
+from attention_atlas.experiments import non_gram as ng
 
-torch.set_default_dtype(torch.float64)
 gen = torch.Generator().manual_seed(seed)
-
-
-def draw(L, d, r, kind):
-    """Random q, k (L, d) and metric factors U (L, d, r) of the given kind."""
-    q = torch.randn(L, d, generator=gen)
-    k = torch.randn(L, d, generator=gen)
-    if kind in ("dot", "euclidean"):
-        U = torch.zeros(L, d, r)
-    elif kind == "homogeneous":
-        U = torch.randn(1, d, r, generator=gen).expand(L, d, r)
-    else:  # heterogeneous
-        U = torch.randn(L, d, r, generator=gen)
-    return q, k, U
-
-
-def scores(q, k, U, kind, tau=1.0):
-    if kind == "dot":
-        return q @ k.T
-    return geodesic_scores(q, k, U, tau)
-
-
-def rank(S):
-    return int(numerical_rank(S, rtol=rtol))
-
-
-KINDS = ["dot", "euclidean", "homogeneous", "heterogeneous"]
 
 # %% [markdown]
 # ## What rank should we expect?
@@ -126,24 +90,7 @@ KINDS = ["dot", "euclidean", "homogeneous", "heterogeneous"]
 # (`attention_atlas.attention.riemannian.geodesic_features`).
 
 # %%
-expected = {
-    "dot": lambda d: d,
-    "euclidean": lambda d: d + 2,
-    "homogeneous": lambda d: d + 2,
-    "heterogeneous": lambda d: (d + 1) * (d + 2),
-}
-rows = []
-for d in dims:
-    top = expected["heterogeneous"](d)
-    lengths = sorted({2, d, d * (d + 1) // 2, top - 1, top, top + 1, int(1.5 * top)})
-    for L in lengths:
-        for kind in KINDS:
-            q, k, U = draw(L, d, 2, kind)
-            rows.append({"d": d, "L": L, "kind": kind, "rank": rank(scores(q, k, U, kind))})
-ranks_df = pd.DataFrame(rows)
-ranks_df["expected"] = [
-    min(L, expected[kind](d)) for L, kind, d in ranks_df[["L", "kind", "d"]].values
-]
+ranks_df = ng.rank_table(dims, generator=gen, rtol=rtol)
 mismatch = ranks_df[ranks_df["rank"] != ranks_df["expected"]]
 assert mismatch.empty, f"ranks differ from min(L, expected):\n{mismatch}"
 print(f"{len(ranks_df)} score matrices, every rank equals min(L, expected rank of its kind)")
@@ -157,14 +104,10 @@ ranks_df.pivot_table(index=["d", "L"], columns="kind", values="rank").astype(int
 
 # %%
 d = focus_d
-top = (d + 1) * (d + 2)
-Ls = list(range(2, int(1.6 * top) + 1, max(1, top // 20)))
+top = ng.generic_rank("heterogeneous", d)
+Ls, ranks_by_kind = ng.rank_against_length(d, generator=gen, rtol=rtol)
 fig = go.Figure()
-for kind in KINDS:
-    ys = []
-    for L in Ls:
-        q, k, U = draw(L, d, 2, kind)
-        ys.append(rank(scores(q, k, U, kind)))
+for kind, ys in ranks_by_kind.items():
     fig.add_trace(go.Scatter(x=Ls, y=ys, mode="lines+markers", name=kind))
 fig.add_hline(y=d * (d + 1) / 2, line_dash="dot", annotation_text="Theorem 3.2 bound d(d+1)/2")
 fig.add_hline(y=top, line_dash="dash", annotation_text="(d+1)(d+2)")
@@ -180,8 +123,7 @@ viz.show(fig)
 # predicted rank. Below, the spectrum of one heterogeneous score matrix with $L = 2 (d+1)(d+2)$.
 
 # %%
-q, k, U = draw(2 * top, d, 2, "heterogeneous")
-s = singular_values(geodesic_scores(q, k, U, 1.0)).numpy()
+s = ng.heterogeneous_spectrum(d, generator=gen)
 cliff = s[top - 1] / s[top]
 fig = go.Figure(go.Scatter(x=np.arange(1, len(s) + 1), y=s, mode="markers"))
 fig.add_vline(x=top + 0.5, line_dash="dash", annotation_text=f"(d+1)(d+2) = {top}")
@@ -205,28 +147,7 @@ assert cliff > 1e6, "no clear gap after the predicted rank"
 # $(d+1)(d+2)$ tokens the matrix has full rank $L$.
 
 # %%
-rows = []
-for d in dims:
-    top = (d + 1) * (d + 2)
-    for r in ranks:
-        for _ in range(n_draws):
-            L = math.ceil(1.5 * top)
-            q, k, U = draw(L, d, r, "heterogeneous")
-            S = geodesic_scores(q, k, U, 1.0)
-            qh, kh = geodesic_features(q, k, U, 1.0)  # S minus its row constants
-            small = draw(top - 1, d, r, "heterogeneous")
-            rows.append(
-                {
-                    "d": d,
-                    "r": r,
-                    "rank": rank(S),
-                    "rank_row_centred": rank(qh @ kh.T),
-                    "rank_below": rank(geodesic_scores(*small, 1.0)),
-                    "theorem_bound": d * (d + 1) // 2,
-                    "observed_generic": top,
-                }
-            )
-draws = pd.DataFrame(rows)
+draws = ng.rank_draws(dims, ranks, n_draws, generator=gen, rtol=rtol)
 assert (draws["rank"] == draws["observed_generic"]).all()
 assert (draws["rank_row_centred"] == [augmented_dim(d) for d in draws["d"]]).all()
 assert (draws["rank_below"] == draws["observed_generic"] - 1).all()
@@ -262,25 +183,15 @@ viz.markdown(
 
 # %%
 d = focus_d
-top = (d + 1) * (d + 2)
-L = 2 * top
-ms = list(range(1, min(top, 24) + 1))
-rows = []
-for m in ms:
-    pool = torch.randn(m, d, 1, generator=gen)
-    assign = torch.randint(0, m, (L,), generator=gen)
-    assign[:m] = torch.arange(m)  # every metric used at least once
-    q = torch.randn(L, d, generator=gen)
-    k = torch.randn(L, d, generator=gen)
-    rows.append({"m": m, "rank": rank(geodesic_scores(q, k, pool[assign], 1.0))})
-by_m = pd.DataFrame(rows)
+top = ng.generic_rank("heterogeneous", d)
+by_m = ng.rank_by_distinct_metrics(d, generator=gen, rtol=rtol)
 assert by_m["rank"].iloc[0] == d + 2
 assert by_m["rank"].is_monotonic_increasing
 fig = go.Figure(go.Scatter(x=by_m["m"], y=by_m["rank"], mode="lines+markers", name="rank"))
 fig.add_hline(y=top, line_dash="dash", annotation_text="(d+1)(d+2)")
 fig.add_hline(y=d + 2, line_dash="dot", annotation_text="d + 2 (one shared metric)")
 fig.update_layout(
-    title=f"Rank against the number m of distinct metrics (d = {d}, r = 1, L = {L})",
+    title=f"Rank against the number m of distinct metrics (d = {d}, r = 1, L = {2 * top})",
     xaxis_title="distinct metrics m",
     yaxis_title="numerical rank",
 )
@@ -292,7 +203,7 @@ viz.markdown(
     + (
         f"reaches $(d+1)(d+2) = {top}$ at $m = {int(full['m'].iloc[0])}$ distinct metrics."
         if len(full)
-        else f"is still {by_m['rank'].iloc[-1]} < {top} at $m = {ms[-1]}$."
+        else f"is still {by_m['rank'].iloc[-1]} < {top} at $m = {int(by_m['m'].iloc[-1])}$."
     )
 )
 
@@ -306,20 +217,14 @@ viz.markdown(
 # vectors $[G^{1/2} q_i, 1]$ and $[2 G^{1/2} k_j, -\lVert k_j\rVert_G^2]$ (over $\tau$).
 
 # %%
-d, L, tau = 5, 40, 1.7
-q, k, U = draw(L, d, 2, "homogeneous")
-G = token_metric(U[0])
-S = geodesic_scores(q, k, U, tau)
-q_aug = torch.cat([q @ torch.linalg.cholesky(G), torch.ones(L, 1)], 1)
-k_aug = torch.cat([2 * k @ torch.linalg.cholesky(G), -((k @ G) * k).sum(1, keepdim=True)], 1)
-row_const = -((q @ G) * q).sum(1, keepdim=True) / tau
-gram = q_aug @ k_aug.T / tau + row_const
-err = float((S - gram).abs().max() / S.abs().max())
+d = 5
+gram_form = ng.homogeneous_gram_form(d, 40, 1.7, generator=gen, rtol=rtol)
 print(
-    f"identical metrics: score = Gram of (d+1)-dimensional vectors + row constant, rel. error {err:.1e}"
+    "identical metrics: score = Gram of (d+1)-dimensional vectors + row constant, "
+    f"rel. error {gram_form['rel_error']:.1e}"
 )
-assert err < 1e-12
-assert rank(S) == d + 2 and rank(S - row_const) == d + 1
+assert gram_form["rel_error"] < 1e-12
+assert gram_form["rank"] == d + 2 and gram_form["rank_row_centred"] == d + 1
 
 # %% [markdown]
 # ## Corollary 3.3: still row-stochastic
@@ -330,15 +235,13 @@ assert rank(S) == d + 2 and rank(S - row_const) == d + 1
 # itself says nothing about collapse, as the paper itself stresses.
 
 # %%
-q, k, U = draw(64, 4, 2, "heterogeneous")
-v = torch.randn(64, 3, generator=gen)
-for causal in (False, True):
-    _, A, _ = geodesic_attention_reference(q, k, v, 3 * U, 1.0, causal)
-    row_err = float((A.sum(-1) - 1).abs().max())
-    assert row_err < 1e-12 and float(A.min()) >= 0
-    if causal:
-        assert float(A.triu(1).abs().max()) == 0.0
-    print(f"causal={causal}: rows sum to 1 within {row_err:.1e}, min entry {float(A.min()):.1e}")
+stochastic = ng.row_stochastic_check(generator=gen)
+assert (stochastic["row_error"] < 1e-12).all() and (stochastic["min_entry"] >= 0).all()
+assert float(stochastic.loc[stochastic["causal"], "above_diagonal"].max()) == 0.0
+for row in stochastic.itertuples():
+    print(
+        f"causal={row.causal}: rows sum to 1 within {row.row_error:.1e}, min entry {row.min_entry:.1e}"
+    )
 
 # %% [markdown]
 # ## What this chapter shows

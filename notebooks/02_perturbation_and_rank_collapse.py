@@ -53,36 +53,14 @@ SMOKE = {
 }
 
 # %%
-import math
-
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 import torch
 
 from attention_atlas import viz
-from attention_atlas.attention.riemannian import geodesic_scores, pure_attention_stack
-from attention_atlas.linalg import relative_residual, singular_values
+from attention_atlas.experiments import rank_collapse as rc
 
-torch.set_default_dtype(torch.float64)
 gen = torch.Generator().manual_seed(seed)
-
-
-def instance(L, d, r, ubar2, tau, heterogeneous=True, unit=True):
-    """q, k (unit norm if `unit`) and U with max_t ||U_t||_F^2 = ubar2 (kappa_t varies by 3x)."""
-    q = torch.randn(L, d, generator=gen)
-    k = torch.randn(L, d, generator=gen)
-    if unit:
-        q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
-    U = torch.randn(L, d, r, generator=gen)
-    U = U / U.flatten(-2).norm(dim=-1)[:, None, None]  # ||U_t||_F = 1
-    kappa = 0.5 + torch.rand(L, generator=gen) if heterogeneous else torch.ones(L)
-    U = U * (kappa / kappa.max()).sqrt()[:, None, None] * math.sqrt(ubar2)
-    return q, k, U
-
-
-def attention(q, k, U, tau):
-    return torch.softmax(geodesic_scores(q, k, U, tau), dim=-1)
 
 
 # %% [markdown]
@@ -93,66 +71,23 @@ def attention(q, k, U, tau):
 # asserted.
 
 # %%
-rows = []
-for _ in range(n_instances):
-    L = int(torch.randint(4, 97, (1,), generator=gen))
-    d = int(torch.randint(2, 17, (1,), generator=gen))
-    r = int(torch.randint(1, 5, (1,), generator=gen))
-    tau = float(10 ** (torch.rand(1, generator=gen) * 2 - 1))
-    ubar2 = float(10 ** (torch.rand(1, generator=gen) * 6 - 4))
-    q, k, U = instance(L, d, r, ubar2, tau, unit=False)
-    q, k = q * float(torch.rand(1, generator=gen)), k * float(torch.rand(1, generator=gen))
-    s_riem = geodesic_scores(q, k, U, tau)
-    s_euc = geodesic_scores(q, k, torch.zeros_like(U), tau)
-    delta = torch.linalg.matrix_norm(s_riem - s_euc)
-    M = float(((q.unsqueeze(1) - k.unsqueeze(0)) ** 2).sum(-1).max())
-    Ubar2 = float((U**2).sum((-1, -2)).max())
-    bound = L * Ubar2 * M / tau
-    a_r, a_e = torch.softmax(s_riem, -1), torch.softmax(s_euc, -1)
-    diff_f = float(torch.linalg.matrix_norm(a_r - a_e))
-    diff_op = float(torch.linalg.matrix_norm(a_r - a_e, ord=2))
-    sv_gap = float((singular_values(a_r) - singular_values(a_e)).abs().max())
-    assert float(delta) <= bound * (1 + 1e-12), "eq. (12) violated"
-    assert diff_f <= float(delta) * (1 + 1e-12) + 1e-15, "softmax is not 1-Lipschitz here?"
-    assert sv_gap <= diff_op * (1 + 1e-12) + 1e-15 and diff_op <= diff_f * (1 + 1e-12) + 1e-15
-    rows.append(
-        {
-            "L": L, "d": d, "r": r, "tau": tau, "strength": L * Ubar2 * M / tau,
-            "dS_over_bound": float(delta) / bound,
-            "dA_over_dS": diff_f / float(delta),
-            "sv_gap_over_bound": sv_gap / bound,
-        }
-    )  # fmt: skip
-checks = pd.DataFrame(rows)
+checks = rc.perturbation_checks(n_instances, generator=gen)
+slack = 1 + 1e-12
+assert (checks["dS"] <= checks["bound"] * slack).all(), "eq. (12) violated"
+assert (checks["dA_F"] <= checks["dS"] * slack + 1e-15).all(), "softmax is not 1-Lipschitz here?"
+assert (checks["sv_gap"] <= checks["dA_op"] * slack + 1e-15).all(), "Weyl violated"
+assert (checks["dA_op"] <= checks["dA_F"] * slack + 1e-15).all(), "operator norm above Frobenius"
 print(f"{len(checks)} instances: eq. (12) and every step of eq. (13) hold")
 checks[["dS_over_bound", "dA_over_dS", "sv_gap_over_bound"]].describe().loc[["min", "50%", "max"]]
 
 # %%
 fig = go.Figure()
-fig.add_trace(
-    go.Scatter(
-        x=checks["strength"],
-        y=checks["dS_over_bound"],
-        mode="markers",
-        name="||dS||_F / (L U^2 M / tau)",
-    )
-)
-fig.add_trace(
-    go.Scatter(
-        x=checks["strength"],
-        y=checks["dA_over_dS"],
-        mode="markers",
-        name="||A_R - A_E||_F / ||dS||_F",
-    )
-)
-fig.add_trace(
-    go.Scatter(
-        x=checks["strength"],
-        y=checks["sv_gap_over_bound"],
-        mode="markers",
-        name="max_k |sigma_k gap| / bound",
-    )
-)
+for column, name in [
+    ("dS_over_bound", "||dS||_F / (L U^2 M / tau)"),
+    ("dA_over_dS", "||A_R - A_E||_F / ||dS||_F"),
+    ("sv_gap_over_bound", "max_k |sigma_k gap| / bound"),
+]:
+    fig.add_trace(go.Scatter(x=checks["strength"], y=checks[column], mode="markers", name=name))
 fig.add_hline(y=0.5, line_dash="dot", annotation_text="1/2: the row-softmax Jacobian's norm bound")
 fig.update_layout(
     title="How tight are eq. (12) and eq. (13)? (1 = tight)",
@@ -182,44 +117,16 @@ assert worst_lip <= 0.5 + 1e-12
 # with that of the Euclidean one on the same queries and keys.
 
 # %%
-d, r = 16, rank
-tau = math.sqrt(2 * d)
-rows = []
-for L in sweep_lengths:
-    q, k, U1 = instance(L, d, r, 1.0, tau)
-    a_e = attention(q, k, torch.zeros_like(U1), tau)
-    s2_e = float(singular_values(a_e)[1])
-    for c in strengths:
-        ubar2 = c * tau / L
-        U = U1 * math.sqrt(ubar2)
-        a_r = attention(q, k, U, tau)
-        s = singular_values(a_r)
-        rows.append(
-            {
-                "L": L, "c": c, "Ubar2": ubar2, "Ubar2_over_tau": ubar2 / tau,
-                "sigma2_riem": float(s[1]), "sigma2_euc": s2_e,
-                "bound": L * ubar2 * 4 / tau,
-            }
-        )  # fmt: skip
-sweep = pd.DataFrame(rows)
-sweep["sigma2_ratio"] = sweep["sigma2_riem"] / sweep["sigma2_euc"]
+sweep = rc.sigma2_sweep(sweep_lengths, strengths, rank=rank, generator=gen)
 # sub-critical: eq. (13) pins sigma_2 to the Euclidean value
 sub = sweep[sweep["c"] <= 0.1]
 assert ((sub["sigma2_riem"] - sub["sigma2_euc"]).abs() <= sub["bound"]).all()
-fig = go.Figure()
-for L in sweep_lengths:
-    part = sweep[sweep["L"] == L]
-    fig.add_trace(
-        go.Scatter(x=part["c"], y=part["sigma2_ratio"], mode="lines+markers", name=f"L={L}")
-    )
-fig.add_vline(x=1.0, line_dash="dot", annotation_text="c = 1: U-bar^2 = tau / L")
-fig.update_layout(
-    title="sigma_2(A_Riem) / sigma_2(A_Euc) against U-bar^2 in units of tau / L",
-    xaxis_title="c = U-bar^2 L / tau",
-    yaxis_title="sigma_2 ratio",
-    xaxis_type="log",
-    yaxis_type="log",
+ratios = {f"L={L}": sweep[sweep["L"] == L]["sigma2_ratio"] for L in sweep_lengths}
+fig = viz.loglog(
+    strengths, ratios, xlabel="c = U-bar^2 L / tau", ylabel="sigma_2 ratio", slopes_in_legend=False
 )
+fig.add_vline(x=1.0, line_dash="dot", annotation_text="c = 1: U-bar^2 = tau / L")
+fig.update_layout(title="sigma_2(A_Riem) / sigma_2(A_Euc) against U-bar^2 in units of tau / L")
 viz.show(fig)
 fig = go.Figure()
 for L in sweep_lengths:
@@ -240,41 +147,12 @@ viz.show(fig)
 
 
 # %%
-def onset(part, factor=1.5):
-    """Strength c at which sigma_2 first moves by `factor` from the Euclidean value,
-    interpolated log-linearly between grid points (None if it never does)."""
-    c = part["c"].to_numpy()
-    dev = np.abs(np.log(part["sigma2_ratio"].to_numpy()))
-    target = math.log(factor)
-    hit = np.nonzero(dev >= target)[0]
-    if len(hit) == 0:
-        return None
-    i = int(hit[0])
-    if i == 0:
-        return float(c[0])
-    w = (target - dev[i - 1]) / (dev[i] - dev[i - 1])
-    return float(math.exp(math.log(c[i - 1]) + w * (math.log(c[i]) - math.log(c[i - 1]))))
-
-
-onsets = []
-for L in sweep_lengths:
-    c_on = onset(sweep[sweep["L"] == L])
-    onsets.append(
-        {"L": L, "c_onset": c_on, "Ubar2_over_tau_onset": None if c_on is None else c_on / L}
-    )
-onsets = pd.DataFrame(onsets)
+onsets = rc.onsets(sweep)
 print(onsets.to_string(index=False))
 found = onsets.dropna()
 assert len(found) >= 1, "sigma_2 never moved: extend the strength grid"
-near = sweep[sweep["c"] <= 10]
-moved_near = float((near["sigma2_ratio"] - 1).abs().max()) if len(near) else float("nan")
-
-
-def spread(col):
-    return float(found[col].max() / found[col].min()) if len(found) > 1 else float("nan")
-
-
-c_spread, u_spread = spread("c_onset"), spread("Ubar2_over_tau_onset")
+scaling = rc.onset_scaling(sweep, found)
+c_spread, u_spread = scaling["c_spread"], scaling["u_spread"]
 if len(found) > 1 and u_spread < c_spread:
     verdict = (
         "The onsets line up in $\\bar U^2/\\tau$, not in $c$: the transition is set by the "
@@ -293,7 +171,7 @@ else:
     verdict = "Only one length reached the onset; the scaling with $L$ is not decided by this run."
 viz.markdown(
     f"Up to ten times the paper's critical scale ($c \\le 10$), $\\sigma_2$ moved by at most "
-    f"{100 * moved_near:.1f}%. It moves by a factor 1.5 at $c$ = "
+    f"{100 * scaling['moved_near']:.1f}%. It moves by a factor 1.5 at $c$ = "
     + ", ".join(f"{c:.3g} (L={int(L)})" for L, c in found[["L", "c_onset"]].values)
     + f": a spread of {c_spread:.1f}x across lengths in $c$, against {u_spread:.1f}x in "
     f"$\\bar U^2/\\tau$. " + verdict
@@ -316,34 +194,17 @@ viz.markdown(
 #   (what a MetricNet computes, eq. 19), $\mathbb E \lVert U_t\rVert_F^2 = \kappa$.
 
 # %%
-settings = [("dot", 0.0), ("euclidean", 0.0)]
-settings += [(kind, s) for s in stack_strengths for kind in ("homogeneous", "heterogeneous")]
-records = []
-for kind, strength in settings:
-    for sd in seeds:
-        g = torch.Generator().manual_seed(1000 + sd)
-        h0 = torch.randn(stack_length, stack_dim, generator=g)
-        # the same weights for every score kind at a given seed
-        H = pure_attention_stack(h0, depth, score=kind, rank=rank, strength=strength, generator=g)
-        res = relative_residual(H).numpy()
-        assert np.isfinite(res).all()
-        for layer, value in enumerate(res):
-            records.append(
-                {"kind": kind, "strength": strength, "seed": sd, "layer": layer, "residual": value}
-            )
-stacks = pd.DataFrame(records)
-stacks["label"] = [
-    k if s == 0 else f"{k} kappa={s:g}" for k, s in stacks[["kind", "strength"]].values
-]
-FLOOR = 1e-12  # residual counted as collapsed (float64 round-off is ~1e-16)
-
+grid = rc.chapter_grid(
+    strengths=stack_strengths, length=stack_length, dim=stack_dim, depth=depth, rank=rank
+)
+stacks, depths = rc.stack_runs(grid, seeds)
 fig = go.Figure()
 for label, part in stacks.groupby("label", sort=False):
     med = part.groupby("layer")["residual"].median()
     fig.add_trace(
         go.Scatter(x=med.index, y=med.clip(lower=1e-17), mode="lines+markers", name=label)
     )
-fig.add_hline(y=FLOOR, line_dash="dot", annotation_text="collapsed")
+fig.add_hline(y=rc.COLLAPSED, line_dash="dot", annotation_text="collapsed")
 fig.update_layout(
     title=f"Relative residual ||res(H)||_(1,inf) / ||H||_(1,inf), median of {len(seeds)} stacks",
     xaxis_title="layer",
@@ -352,20 +213,7 @@ fig.update_layout(
 )
 viz.show(fig)
 
-
 # %%
-def collapse_depth(part):
-    """First layer at which the residual is below FLOOR (depth + 1 if never)."""
-    below = part[part["residual"] < FLOOR]["layer"]
-    return int(below.min()) if len(below) else depth + 1
-
-
-depths = (
-    stacks.groupby(["label", "kind", "strength", "seed"], sort=False)
-    .apply(collapse_depth, include_groups=False)
-    .rename("collapse_layer")
-    .reset_index()
-)
 table = depths.groupby(["kind", "strength"], sort=False)["collapse_layer"].agg(
     ["median", "min", "max"]
 )
@@ -376,32 +224,28 @@ dot = stacks[stacks["kind"] == "dot"].groupby("layer")["residual"].median()
 assert depths[depths["kind"] == "dot"]["collapse_layer"].max() <= depth, (
     "dot stacks did not collapse"
 )
-logs = np.log(dot.values)
-window = [i for i in range(len(logs) - 1) if dot.values[i] < 0.5 and dot.values[i + 1] > FLOOR]
-growth = [logs[i + 1] / logs[i] for i in window]
+growth = rc.log_residual_growth(dot.to_numpy())
 print("growth of -log residual per layer (dot):", np.round(growth, 2))
 assert growth and np.median(growth) > 1.5, "log-residual does not grow geometrically"
 
-
 # %%
-def med_depth(kind, strength):
-    sel = depths[(depths["kind"] == kind) & (depths["strength"] == strength)]["collapse_layer"]
-    return float(sel.median())
-
-
-euc_depth = med_depth("euclidean", 0.0)
-lines = []
-for s in stack_strengths:
-    ho, he = med_depth("homogeneous", s), med_depth("heterogeneous", s)
-    lines.append(f"| {s:g} | {ho:g} | {he:g} | {he - ho:+g} |")
+medians = rc.median_collapse_layers(depths, stack_strengths)
+rows = [
+    f"| {s:g} | {ho:g} | {he:g} | {diff:+g} |"
+    for s, ho, he, diff in medians[
+        ["strength", "homogeneous", "heterogeneous", "difference"]
+    ].values
+]
 never = depths[depths["collapse_layer"] > depth]
+dot_depth = float(depths[depths["kind"] == "dot"]["collapse_layer"].median())
+euc_depth = float(depths[depths["kind"] == "euclidean"]["collapse_layer"].median())
 viz.markdown(
-    f"Dot-product stacks collapse to round-off by layer {med_depth('dot', 0.0):g} (median), "
+    f"Dot-product stacks collapse to round-off by layer {dot_depth:g} (median), "
     f"with $-\\log$ residual growing by a factor {np.median(growth):.1f} per layer: the doubly "
     f"exponential decay of {{cite}}`dong2021attention`. Euclidean-distance stacks collapse by "
     f"layer {euc_depth:g}. Median collapse layer with metrics of strength $\\kappa$:\n\n"
     f"| $\\kappa$ | homogeneous | heterogeneous | difference |\n| --- | --- | --- | --- |\n"
-    + "\n".join(lines)
+    + "\n".join(rows)
     + f"\n\n{len(never)} of {len(depths)} stacks did not collapse within {depth} layers."
 )
 

@@ -52,41 +52,19 @@ SMOKE = {
 }
 
 # %%
-import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-import torch.nn.functional as F
 
 from attention_atlas import viz
-from attention_atlas.attention.riemannian import (
-    augmented_dim,
-    geodesic_attention,
-    geodesic_scores,
-    geodesic_scores_augmented,
-    geodesic_scores_decomposed,
-    geodesic_scores_dense,
-)
-from attention_atlas.bench import compare
-from attention_atlas.linalg import (
-    metric_dense,
-    metric_inverse_apply,
-    metric_inverse_dense,
-    woodbury_inverse,
-)
+from attention_atlas.experiments import riemannian_cost as rc
 from attention_atlas.notebooks import repo_root
 
 torch.set_num_threads(threads)
 gen = torch.Generator().manual_seed(seed)
-F64 = torch.float64
-
-
-def rel(a, b):
-    return float((a - b).abs().max() / b.abs().max())
 
 
 # %% [markdown]
@@ -96,39 +74,12 @@ def rel(a, b):
 # the augmented factorisation of chapter 1) against the definition with every $g_{ij}$ formed.
 
 # %%
-rows = []
-for d, r in [(4, 1), (16, 2), (64, 4), (256, 8), (512, 16)]:
-    U = torch.randn(4, d, r, generator=gen, dtype=F64) / math.sqrt(d) * 2
-    x = torch.randn(4, d, generator=gen, dtype=F64)
-    dense_inv = metric_inverse_dense(U)
-    rows.append(
-        {
-            "d": d, "r": r,
-            "woodbury_matrix_vs_dense_inverse": rel(woodbury_inverse(U), dense_inv),
-            "metric_inverse_apply_vs_dense_solve": rel(
-                metric_inverse_apply(U, x), torch.linalg.solve(metric_dense(U), x.unsqueeze(-1)).squeeze(-1)
-            ),
-        }
-    )  # fmt: skip
-wood = pd.DataFrame(rows)
+wood = rc.woodbury_identities(generator=gen)
 assert (wood.drop(columns=["d", "r"]) < 1e-10).all().all()
 wood
 
 # %%
-rows = []
-for L, d, r in [(8, 3, 1), (16, 8, 2), (24, 16, 4)]:
-    q, k = (torch.randn(2, L, d, generator=gen, dtype=F64) for _ in range(2))
-    U = torch.randn(2, L, d, r, generator=gen, dtype=F64) * 0.7
-    ref = geodesic_scores_dense(q, k, U, 1.3)  # every g_ij formed: the definition
-    rows.append(
-        {
-            "L": L, "d": d, "r": r,
-            "eq15_vs_definition": rel(geodesic_scores(q, k, U, 1.3), ref),
-            "eq16_vs_definition": rel(geodesic_scores_decomposed(q, k, U, 1.3), ref),
-            "augmented_vs_definition": rel(geodesic_scores_augmented(q, k, U, 1.3), ref),
-        }
-    )  # fmt: skip
-ident = pd.DataFrame(rows)
+ident = rc.score_identities(generator=gen)
 assert (ident.drop(columns=["L", "d", "r"]) < 1e-10).all().all()
 ident
 
@@ -150,17 +101,7 @@ ident
 # separable form needs $d(d+1)/2$ dimensions for each of the two quadratic terms.
 
 # %%
-for_table = []
-for d in (16, 64, 128):
-    for r in (4, 8):
-        for_table.append(
-            {
-                "d": d, "r": r, "dot": d, "paper_claim_d_plus_r": d + r,
-                "direct_2rd_plus_d": (2 * r + 1) * d, "augmented": augmented_dim(d),
-                "direct_over_dot": 2 * r + 1, "paper_over_dot": round(1 + r / d, 3),
-            }
-        )  # fmt: skip
-pd.DataFrame(for_table)
+rc.work_per_pair()
 
 # %% [markdown]
 # The arithmetic itself can be measured exactly: PyTorch's FLOP counter
@@ -169,30 +110,7 @@ pd.DataFrame(for_table)
 # dot-product score:
 
 # %%
-from torch.utils.flop_counter import FlopCounterMode
-
-
-def matmul_flops(fn, *args):
-    with FlopCounterMode(display=False) as counter:
-        fn(*args)
-    return counter.get_total_flops()
-
-
-flop_rows = []
-L_count = 256
-for d in (16, 32, 64, 128):
-    for r in (1, 4, 8, 16):
-        q, k = (torch.randn(1, 1, L_count, d, generator=gen) for _ in range(2))
-        U = torch.randn(1, 1, L_count, d, r, generator=gen)
-        dot_flops = matmul_flops(lambda q, k: q @ k.transpose(-1, -2), q, k)
-        eq16 = matmul_flops(lambda q, k, U: geodesic_scores_decomposed(q, k, U, 1.0), q, k, U)
-        flop_rows.append(
-            {
-                "d": d, "r": r, "eq16_over_dot": eq16 / dot_flops,
-                "count_2r_plus_1": 2 * r + 1, "paper_1_plus_r_over_d": 1 + r / d,
-            }
-        )  # fmt: skip
-flops = pd.DataFrame(flop_rows)
+flops = rc.flop_ratios(generator=gen)
 # per pair: d for q.k, r d for U_i^T k_j, r d for U_j^T q_i (+ per-token terms, O(1/L))
 assert np.allclose(flops["eq16_over_dot"], flops["count_2r_plus_1"], rtol=0.05)
 flops.pivot_table(index="d", columns="r", values="eq16_over_dot").round(2)
@@ -216,57 +134,20 @@ viz.markdown(
 
 
 # %%
-def score_fns(tau):
-    return {
-        "dot": lambda q, k, U: q @ k.transpose(-1, -2),
-        "eq15_materialised": lambda q, k, U: geodesic_scores(q, k, U, tau),
-        "eq16_decomposed": lambda q, k, U: geodesic_scores_decomposed(q, k, U, tau),
-        "augmented_gemm": lambda q, k, U: geodesic_scores_augmented(q, k, U, tau),
-    }
-
-
-def score_inputs(L, d, r):
-    q, k = (torch.randn(1, 4, L, d, generator=gen) for _ in range(2))
-    U = torch.randn(1, 4, L, d, r, generator=gen) / math.sqrt(d)
-    return q, k, U
-
-
-def measure(L, d, r):
-    res = compare(score_fns(math.sqrt(2 * d)), "dot", score_inputs(L, d, r), reps=reps, backward=False, memory=False)  # fmt: skip
-    return {
-        name: {"ms": 1e3 * v["forward"]["median_s"], "ratio": v["forward"]["ratio_median"]}
-        for name, v in res["results"].items()
-    }
-
-
-cost_rows = []
-for L in lengths:
-    for name, v in measure(L, 16, 4).items():
-        cost_rows.append({"sweep": "L", "L": L, "d": 16, "r": 4, "path": name, **v})
-for d in head_dims:
-    for name, v in measure(256, d, 4).items():
-        cost_rows.append({"sweep": "d", "L": 256, "d": d, "r": 4, "path": name, **v})
-for r in metric_ranks:
-    for name, v in measure(256, 32, r).items():
-        cost_rows.append({"sweep": "r", "L": 256, "d": 32, "r": r, "path": name, **v})
-cost = pd.DataFrame(cost_rows)
+cost = rc.score_cost(lengths, head_dims, metric_ranks, reps=reps, generator=gen)
 cost.pivot_table(index=["sweep", "L", "d", "r"], columns="path", values="ratio").round(2)
 
 # %%
-figs = {}
-for sweep, col, title in [
-    ("L", "L", "time against L (d = 16, r = 4)"),
-    ("d", "d", "time against d (L = 256, r = 4)"),
-    ("r", "r", "time against r (L = 256, d = 32)"),
+slopes = {}
+for sweep, title in [
+    ("L", "time against L (d = 16, r = 4)"),
+    ("d", "time against d (L = 256, r = 4)"),
+    ("r", "time against r (L = 256, d = 32)"),
 ]:
-    part = cost[cost["sweep"] == sweep]
-    series = {name: g.sort_values(col)["ms"].to_numpy() for name, g in part.groupby("path")}
-    xs = np.sort(part[col].unique())
-    fig = viz.loglog(xs, series, title=title, xlabel=col, ylabel="median ms")
-    viz.show(fig)
-    figs[sweep] = {name: viz.loglog_slope(xs, ys) for name, ys in series.items()}
-slopes = pd.DataFrame(figs).T
-slopes
+    xs, series = rc.cost_series(cost, sweep)
+    viz.show(viz.loglog(xs, series, title=title, xlabel=sweep, ylabel="median ms"))
+    slopes[sweep] = {name: viz.loglog_slope(xs, ys) for name, ys in series.items()}
+pd.DataFrame(slopes).T
 
 # %% [markdown]
 # Growth with $r$ alone cannot separate "$O(r)$ per pair with a large constant" from
@@ -277,22 +158,8 @@ slopes
 # interleaved in one comparison) and take the marginal cost $(t_{16} - t_1) / 15$.
 
 # %%
-marg_rows = []
-for d in marginal_dims:
-    q, k = (torch.randn(1, 4, 256, d, generator=gen) for _ in range(2))
-    u1, u16 = (torch.randn(1, 4, 256, d, r, generator=gen) / math.sqrt(d) for r in (1, 16))
-    res = compare(
-        {
-            "dot": lambda q=q, k=k: q @ k.transpose(-1, -2),
-            "r=1": lambda q=q, k=k, u=u1: geodesic_scores_decomposed(q, k, u, 1.0),
-            "r=16": lambda q=q, k=k, u=u16: geodesic_scores_decomposed(q, k, u, 1.0),
-        },
-        "dot", (), reps=reps, backward=False, memory=False,
-    )  # fmt: skip
-    t = {n: 1e3 * v["forward"]["median_s"] for n, v in res["results"].items()}
-    marg_rows.append({"d": d, "ms_r1": t["r=1"], "ms_r16": t["r=16"], "marginal_ms_per_r": (t["r=16"] - t["r=1"]) / 15})  # fmt: skip
-marginal = pd.DataFrame(marg_rows)
-b, a = np.polyfit(marginal["d"], marginal["marginal_ms_per_r"], 1)  # marginal = a + b d
+marginal = rc.marginal_rank_cost(marginal_dims, reps=reps, generator=gen)
+a, b = rc.marginal_fit(marginal)  # marginal = a + b d
 print(marginal.round(3).to_string(index=False))
 growth_d = marginal["marginal_ms_per_r"].iloc[-1] / marginal["marginal_ms_per_r"].iloc[0]
 d_ratio = marginal["d"].iloc[-1] / marginal["d"].iloc[0]
@@ -352,51 +219,32 @@ viz.markdown(
 
 # %%
 artifact = repo_root(Path.cwd()) / "artifacts" / "bench" / "riemannian.json"
-bench = json.loads(artifact.read_text()) if artifact.exists() else None
-if bench is not None and "vs_sdpa_causal=False" in bench:
-    table = []
-    for key in ("vs_sdpa_causal=False", "vs_sdpa_causal=True"):
-        for name, v in bench[key]["results"].items():
-            table.append(
-                {
-                    "causal": key.endswith("True"), "path": name,
-                    "forward_ratio": v["forward"]["ratio_median"],
-                    "fwd_bwd_ratio": v["forward_backward"]["ratio_median"],
-                    "peak_MiB": v.get("peak_memory_bytes", float("nan")) / 2**20,
-                }
-            )  # fmt: skip
-    bench_table = pd.DataFrame(table)
-    display_table = bench_table.round(2)
+bench = rc.load_benchmark(artifact)
+if bench is not None:
+    bench_table = rc.benchmark_table(bench)
     aug = bench_table[
         (bench_table["path"] == "geodesic_augmented") & (~bench_table["causal"])
     ].iloc[0]
     ref = bench.get("reference_vs_sdpa", {}).get("results", {}).get("reference")
+    shape = bench["vs_sdpa_causal=False"]["meta"]
     viz.markdown(
-        f"From the artifact ({bench['threads']} thread(s)): at B=2, H=8, L=1024, d=16, r=4 the "
+        f"From the artifact ({bench['threads']} thread(s)): at B={shape['batch']}, "
+        f"H={shape['heads']}, L={shape['length']}, d={shape['head_dim']}, r={shape['rank']} the "
         f"fast path runs at **{aug['forward_ratio']:.1f}x** SDPA forward and "
         f"**{aug['fwd_bwd_ratio']:.1f}x** forward+backward (the arithmetic floor is about "
-        f"$2r + 1 = 9$x); the materialised reference at "
+        f"$2r + 1 = {2 * shape['rank'] + 1}$x); the materialised reference at "
         + (f"{ref['forward']['ratio_median']:.0f}x" if ref else "n/a")
         + " (batch 1)."
     )
-    print(display_table.to_string(index=False))
-    mem = bench.get("peak_memory_bytes_fwd_bwd_B1_H2", {})
-    if mem:
-        Ls = sorted(int(x) for x in mem)
-        fig = go.Figure()
-        for name in mem[str(Ls[0])]:
-            fig.add_trace(
-                go.Scatter(
-                    x=Ls, y=[mem[str(L)][name] / 2**20 for L in Ls], mode="lines+markers", name=name
-                )
-            )
-        fig.update_layout(
+    print(bench_table.round(2).to_string(index=False))
+    mem_lengths, mem_mib = rc.benchmark_memory(bench)
+    if mem_lengths:
+        fig = viz.loglog(
+            mem_lengths, mem_mib, xlabel="L", ylabel="MiB", slopes_in_legend=False,
             title="Peak tensor memory of one causal forward+backward (B=1, H=2, d=16, r=4)",
-            xaxis_title="L", yaxis_title="MiB", xaxis_type="log", yaxis_type="log",
         )  # fmt: skip
         viz.show(fig)
-        aug_mem = [mem[str(L)]["geodesic_augmented"] for L in Ls]
-        mem_slope = viz.loglog_slope(Ls, aug_mem)
+        mem_slope = viz.loglog_slope(mem_lengths, mem_mib["geodesic_augmented"])
         print(f"log-log slope of the fast path's peak memory against L: {mem_slope:.2f}")
         assert mem_slope < 1.2, "fast-path memory grows faster than linearly in L"
 else:
@@ -407,36 +255,14 @@ else:
 # page always shows numbers from its own execution:
 
 # %%
-d, r = 16, 4
-tau = math.sqrt(2 * d)
-q, k, v = (torch.randn(1, 4, live_length, d, generator=gen).requires_grad_() for _ in range(3))
-U = (0.3 * torch.randn(1, 4, live_length, d, r, generator=gen) / math.sqrt(d)).requires_grad_()
-live = compare(
-    {
-        "sdpa": lambda q, k, v, U: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "geodesic_attention": lambda q, k, v, U: geodesic_attention(q, k, v, U, tau, causal=True),
-    },
-    "sdpa", (q, k, v, U), reps=reps,
-)  # fmt: skip
-g = live["results"]["geodesic_attention"]
+live = rc.live_attention(live_length, reps=reps, generator=gen)
 print(
-    f"L={live_length}: geodesic_attention / SDPA = {g['forward']['ratio_median']:.1f}x forward, "
-    f"{g['forward_backward']['ratio_median']:.1f}x forward+backward "
-    f"({live['threads']} threads; peak {g['peak_memory_bytes'] / 2**20:.1f} MiB)"
+    f"L={live_length}: geodesic_attention / SDPA = {live['forward_ratio']:.1f}x forward, "
+    f"{live['fwd_bwd_ratio']:.1f}x forward+backward "
+    f"({live['threads']} threads; peak {live['peak_MiB']:.1f} MiB)"
 )
-with torch.no_grad():
-    from attention_atlas.attention.riemannian import geodesic_attention_reference
-
-    err = float(
-        (
-            geodesic_attention(q, k, v, U, tau, causal=True)
-            - geodesic_attention_reference(q, k, v, U, tau, True)[0]
-        )
-        .abs()
-        .max()
-    )
-print(f"float32 fast path vs reference: max abs difference {err:.1e}")
-assert err < 1e-4
+print(f"float32 fast path vs reference: max abs difference {live['max_abs_diff']:.1e}")
+assert live["max_abs_diff"] < 1e-4
 
 # %% [markdown]
 # ## Woodbury against a dense solve at d = 1024, r = 8
@@ -445,21 +271,13 @@ assert err < 1e-4
 # $I + U U^\top$ and calling `torch.linalg.solve` (float64).
 
 # %%
-U = torch.randn(woodbury_tokens, 1024, 8, generator=gen, dtype=F64) / 32
-x = torch.randn(woodbury_tokens, 1024, generator=gen, dtype=F64)
-dense_solve = lambda U, x: torch.linalg.solve(metric_dense(U), x.unsqueeze(-1)).squeeze(-1)  # noqa: E731
-err = rel(metric_inverse_apply(U, x), dense_solve(U, x))
-assert err < 1e-10
-wres = compare(
-    {"dense_solve": dense_solve, "woodbury": metric_inverse_apply},
-    "dense_solve", (U, x), reps=reps, backward=False, memory=False,
-)  # fmt: skip
-speedup = 1 / wres["results"]["woodbury"]["forward"]["ratio_median"]
+wres = rc.woodbury_vs_dense(woodbury_tokens, reps=reps, generator=gen)
+assert wres["rel_err"] < 1e-10
 viz.markdown(
-    f"Woodbury is **{speedup:.0f}x** faster than the dense solve for {woodbury_tokens} token(s) "
-    f"at $d = 1024$, $r = 8$ (relative difference {err:.1e}). The flop ratio is "
-    f"$d^3 / (d r^2) = {1024**2 // 64}$; the measured speedup is smaller because the $r \\times r$ "
-    f"work is tiny and overheads dominate, but the claim of Proposition 4.1 stands."
+    f"Woodbury is **{wres['speedup']:.0f}x** faster than the dense solve for {woodbury_tokens} "
+    f"token(s) at $d = 1024$, $r = 8$ (relative difference {wres['rel_err']:.1e}). The flop ratio "
+    f"is $d^3 / (d r^2) = {1024**2 // 64}$; the measured speedup is smaller because the "
+    f"$r \\times r$ work is tiny and overheads dominate, but the claim of Proposition 4.1 stands."
 )
 
 # %% [markdown]

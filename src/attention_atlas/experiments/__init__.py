@@ -22,6 +22,7 @@ EXPERIMENTS: dict[str, str] = {
     "cofactor": "attention_atlas.experiments.cofactor",
     "fiber-bundle": "attention_atlas.fiber_bundle",
     "matroidal": "attention_atlas.experiments.matroidal",
+    "rank-collapse": "attention_atlas.experiments.rank_collapse",
 }
 
 

@@ -1,0 +1,254 @@
+"""Chapter 1's experiments: the numerical rank of geodesic score matrices (Theorem 3.2).
+
+Theorem 3.2 of the seed says heterogeneous per-token metrics make the score
+
+    S_ij = -(|q_i - k_j|^2 + |U_i^T (q_i - k_j)|^2 / 2 + |U_j^T (q_i - k_j)|^2 / 2) / tau
+
+non-Gram: no fixed maps of dimension ``O(d)`` separate it. Its finite-sample face is the rank of
+the ``(L, L)`` score matrix for long sequences. Expanding the score into products of a function
+of token i and a function of token j (chapter 1 lists them) predicts the generic ranks of
+:func:`generic_rank`: ``d`` for dot products, ``d + 2`` for a Euclidean distance or one shared
+metric, ``(d + 1)(d + 2)`` for heterogeneous metrics (``d^2 + 3d + 1`` after row-centring, the
+width of :func:`~attention_atlas.attention.riemannian.geodesic_features`).
+
+Every function draws from the ``generator`` it is given, in a fixed order, in float64, so a
+chapter that calls them in order with one seeded generator reproduces its numbers exactly.
+Ranks are :func:`attention_atlas.linalg.numerical_rank` at relative tolerance ``rtol``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..attention.riemannian import (
+    geodesic_attention_reference,
+    geodesic_features,
+    geodesic_scores,
+    token_metric,
+)
+from ..linalg import numerical_rank, singular_values
+
+__all__ = [
+    "KINDS",
+    "generic_rank",
+    "heterogeneous_spectrum",
+    "homogeneous_gram_form",
+    "probe_lengths",
+    "rank_against_length",
+    "rank_by_distinct_metrics",
+    "rank_draws",
+    "rank_table",
+    "row_stochastic_check",
+    "score_inputs",
+    "score_matrix",
+    "score_rank",
+]
+
+Kind = Literal["dot", "euclidean", "homogeneous", "heterogeneous"]
+#: the four kinds of score matrix the chapter compares
+KINDS: tuple[Kind, ...] = ("dot", "euclidean", "homogeneous", "heterogeneous")
+F64 = torch.float64
+
+
+def generic_rank(kind: Kind, d: int) -> int:
+    """The rank of an ``(L, L)`` score matrix of ``kind`` for generic inputs once ``L`` exceeds
+    it (below, the rank is ``L``): ``d`` (dot), ``d + 2`` (Euclidean distance, one shared metric),
+    ``(d + 1)(d + 2)`` (heterogeneous metrics, any metric rank ``r >= 1``)."""
+    ranks = {"dot": d, "euclidean": d + 2, "homogeneous": d + 2, "heterogeneous": (d + 1) * (d + 2)}
+    if kind not in ranks:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return ranks[kind]
+
+
+def score_inputs(
+    L: int, d: int, r: int, kind: Kind, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gaussian ``q, k (L, d)`` and metric factors ``U (L, d, r)`` of ``kind``: zero (dot,
+    Euclidean), one factor shared by every token (homogeneous) or one per token (heterogeneous)."""
+    q = torch.randn(L, d, generator=generator, dtype=F64)
+    k = torch.randn(L, d, generator=generator, dtype=F64)
+    if kind in ("dot", "euclidean"):
+        U = torch.zeros(L, d, r, dtype=F64)
+    elif kind == "homogeneous":
+        U = torch.randn(1, d, r, generator=generator, dtype=F64).expand(L, d, r)
+    elif kind == "heterogeneous":
+        U = torch.randn(L, d, r, generator=generator, dtype=F64)
+    else:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return q, k, U
+
+
+def score_matrix(q: Tensor, k: Tensor, U: Tensor, kind: Kind, tau: float = 1.0) -> Tensor:
+    """``(L, L)`` scores: ``q k^T`` for ``"dot"``, else the geodesic score (eq. (6))."""
+    if kind == "dot":
+        return q @ k.T
+    return geodesic_scores(q, k, U, tau)
+
+
+def score_rank(S: Tensor, rtol: float) -> int:
+    """Numerical rank: singular values above ``rtol * sigma_max``."""
+    return int(numerical_rank(S, rtol=rtol))
+
+
+def probe_lengths(d: int) -> list[int]:
+    """Sequence lengths around the landmarks of width ``d``: 2, d, the theorem's bound
+    ``d(d+1)/2``, the generic rank ``(d+1)(d+2)`` and its neighbours, and 1.5 times it."""
+    top = generic_rank("heterogeneous", d)
+    return sorted({2, d, d * (d + 1) // 2, top - 1, top, top + 1, int(1.5 * top)})
+
+
+def rank_table(
+    dims: list[int], *, generator: torch.Generator, rtol: float, r: int = 2
+) -> pd.DataFrame:
+    """The rank of every kind of score matrix at each of :func:`probe_lengths` for each ``d``.
+
+    Returns:
+        columns ``d, L, kind, rank, expected`` with ``expected = min(L, generic_rank)``.
+    """
+    rows = []
+    for d in dims:
+        for L in probe_lengths(d):
+            for kind in KINDS:
+                q, k, U = score_inputs(L, d, r, kind, generator)
+                rows.append({"d": d, "L": L, "kind": kind, "rank": score_rank(score_matrix(q, k, U, kind), rtol)})  # fmt: skip
+    df = pd.DataFrame(rows)
+    df["expected"] = [min(L, generic_rank(kind, d)) for L, kind, d in df[["L", "kind", "d"]].values]
+    return df
+
+
+def rank_against_length(
+    d: int, *, generator: torch.Generator, rtol: float, r: int = 2
+) -> tuple[list[int], dict[str, list[int]]]:
+    """Ranks of each kind for about twenty lengths from 2 to 1.6 ``(d+1)(d+2)``.
+
+    Returns:
+        ``(lengths, {kind: ranks})``.
+    """
+    top = generic_rank("heterogeneous", d)
+    lengths = list(range(2, int(1.6 * top) + 1, max(1, top // 20)))
+    ranks: dict[str, list[int]] = {}
+    for kind in KINDS:
+        ranks[kind] = []
+        for L in lengths:
+            q, k, U = score_inputs(L, d, r, kind, generator)
+            ranks[kind].append(score_rank(score_matrix(q, k, U, kind), rtol))
+    return lengths, ranks
+
+
+def heterogeneous_spectrum(d: int, *, generator: torch.Generator, r: int = 2) -> np.ndarray:
+    """Singular values (descending) of one heterogeneous score matrix with ``L = 2 (d+1)(d+2)``."""
+    q, k, U = score_inputs(2 * generic_rank("heterogeneous", d), d, r, "heterogeneous", generator)
+    return singular_values(geodesic_scores(q, k, U, 1.0)).numpy()
+
+
+def rank_draws(
+    dims: list[int],
+    ranks: list[int],
+    n_draws: int,
+    *,
+    generator: torch.Generator,
+    rtol: float,
+) -> pd.DataFrame:
+    """``n_draws`` heterogeneous draws per ``(d, r)``, at ``L = ceil(1.5 (d+1)(d+2))`` and at
+    ``L = (d+1)(d+2) - 1``.
+
+    Returns:
+        columns ``d, r, rank`` (of ``S``), ``rank_row_centred`` (of the augmented-feature Gram
+        matrix: ``S`` minus its row constants), ``rank_below`` (of ``S`` at the shorter length),
+        ``theorem_bound`` (``d(d+1)/2``) and ``observed_generic`` (``(d+1)(d+2)``).
+    """
+    rows = []
+    for d in dims:
+        top = generic_rank("heterogeneous", d)
+        for r in ranks:
+            for _ in range(n_draws):
+                q, k, U = score_inputs(math.ceil(1.5 * top), d, r, "heterogeneous", generator)
+                qh, kh = geodesic_features(q, k, U, 1.0)  # S minus its row constants
+                small = score_inputs(top - 1, d, r, "heterogeneous", generator)
+                rows.append({
+                    "d": d, "r": r,
+                    "rank": score_rank(geodesic_scores(q, k, U, 1.0), rtol),
+                    "rank_row_centred": score_rank(qh @ kh.T, rtol),
+                    "rank_below": score_rank(geodesic_scores(*small, 1.0), rtol),
+                    "theorem_bound": d * (d + 1) // 2, "observed_generic": top,
+                })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def rank_by_distinct_metrics(
+    d: int, *, generator: torch.Generator, rtol: float, max_metrics: int = 24
+) -> pd.DataFrame:
+    """Rank of the scores of ``L = 2 (d+1)(d+2)`` tokens sharing ``m`` distinct rank-one metric
+    factors (assigned at random, each used at least once), ``m = 1 .. min((d+1)(d+2),
+    max_metrics)``.
+
+    Returns:
+        columns ``m, rank``.
+    """
+    top = generic_rank("heterogeneous", d)
+    L = 2 * top
+    rows = []
+    for m in range(1, min(top, max_metrics) + 1):
+        pool = torch.randn(m, d, 1, generator=generator, dtype=F64)
+        assign = torch.randint(0, m, (L,), generator=generator)
+        assign[:m] = torch.arange(m)  # every metric used at least once
+        q = torch.randn(L, d, generator=generator, dtype=F64)
+        k = torch.randn(L, d, generator=generator, dtype=F64)
+        rows.append({"m": m, "rank": score_rank(geodesic_scores(q, k, pool[assign], 1.0), rtol)})
+    return pd.DataFrame(rows)
+
+
+def homogeneous_gram_form(
+    d: int, L: int, tau: float, *, generator: torch.Generator, rtol: float, r: int = 2
+) -> dict[str, float]:
+    """One shared metric ``G = I + U U^T``: the score equals the Gram matrix of the augmented
+    vectors ``[G^{1/2} q_i, 1]`` and ``[2 G^{1/2} k_j, -|k_j|_G^2]`` over ``tau`` plus the row
+    constant ``-|q_i|_G^2 / tau`` (``G^{1/2}`` here a Cholesky factor).
+
+    Returns:
+        ``rel_error`` (max |S - Gram - row constant| / max |S|), ``rank`` of ``S`` and
+        ``rank_row_centred`` of ``S`` minus the row constant.
+    """
+    q, k, U = score_inputs(L, d, r, "homogeneous", generator)
+    G = token_metric(U[0])
+    S = geodesic_scores(q, k, U, tau)
+    chol = torch.linalg.cholesky(G)
+    q_aug = torch.cat([q @ chol, torch.ones(L, 1, dtype=F64)], 1)
+    k_aug = torch.cat([2 * k @ chol, -((k @ G) * k).sum(1, keepdim=True)], 1)
+    row_const = -((q @ G) * q).sum(1, keepdim=True) / tau
+    err = float((S - (q_aug @ k_aug.T / tau + row_const)).abs().max() / S.abs().max())
+    return {
+        "rel_error": err,
+        "rank": score_rank(S, rtol),
+        "rank_row_centred": score_rank(S - row_const, rtol),
+    }
+
+
+def row_stochastic_check(
+    *, generator: torch.Generator, L: int = 64, d: int = 4, r: int = 2, scale: float = 3.0
+) -> pd.DataFrame:
+    """Corollary 3.3: ``A = softmax(S)`` of heterogeneous metrics (factors times ``scale``) is
+    row-stochastic, and lower-triangular when causal.
+
+    Returns:
+        one row per ``causal`` in (False, True): ``row_error`` (max |row sum - 1|),
+        ``min_entry`` and ``above_diagonal`` (max |A_ij|, j > i).
+    """
+    q, k, U = score_inputs(L, d, r, "heterogeneous", generator)
+    v = torch.randn(L, 3, generator=generator, dtype=F64)
+    rows = []
+    for causal in (False, True):
+        _, A, _ = geodesic_attention_reference(q, k, v, scale * U, 1.0, causal)
+        rows.append({
+            "causal": causal,
+            "row_error": float((A.sum(-1) - 1).abs().max()),
+            "min_entry": float(A.min()),
+            "above_diagonal": float(A.triu(1).abs().max()),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
