@@ -78,6 +78,26 @@ def test_ssm_attention_weights_are_the_ssm_kernel_and_are_not_row_stochastic() -
     assert fast.extras["log_a"].shape == (2, 3, 11) and bool((fast.extras["log_a"] < 0).all())
 
 
+def test_ssm_attention_reports_row_stochastic_weights_when_they_are() -> None:
+    """One token whose weight ``scale (q . k) dt`` is set to exactly one in every head: the
+    weights are then distributions, and the diagnostic says so (it is measured, not declared)."""
+    mod = ssm_module()
+    x = torch.zeros(1, 1, 12, dtype=F64)
+    x[..., 0] = 1.0
+    dt = mod.decay(x)[0][0, 0].detach()  # (H,)
+    H, d = mod.n_heads, mod.head_dim
+    with torch.no_grad():
+        mod.qkv.weight.zero_()
+        if mod.qkv.bias is not None:
+            mod.qkv.bias.zero_()
+        for h in range(H):  # q_h = e_0 / (scale dt_h), k_h = e_0
+            mod.qkv.weight[h * d, 0] = 1.0 / (mod.scale * dt[h])
+            mod.qkv.weight[H * d + h * d, 0] = 1.0
+    res = mod(x, causal=True, need_weights=True)
+    assert close(res.probs, torch.ones(1, H, 1, 1, dtype=F64))
+    assert float(res.diagnostics["row_stochastic"]) == 1.0
+
+
 @pytest.mark.parametrize("method", SSD_METHODS)
 def test_ssm_attention_step_by_step_equals_the_forward_pass(method: str) -> None:
     mod = ssm_module(chunk_size=4, method=method)
