@@ -20,6 +20,7 @@ __all__ = ["EXPERIMENTS", "experiment"]
 #: experiment name (as on the command line) -> module
 EXPERIMENTS: dict[str, str] = {
     "fiber-bundle": "attention_atlas.fiber_bundle",
+    "ssd-scaling": "attention_atlas.experiments.ssd_scaling",
 }
 
 
