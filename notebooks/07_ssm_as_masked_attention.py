@@ -30,7 +30,7 @@
 # chunked algorithm, which mixes them, and measure all three against dot-product SDPA. Last, an
 # SSM used as the attention of the book's Transformer is trained on character-level PTB.
 #
-# Everything below calls `attention_atlas.attention.sma` (tested in `tests/test_sma.py`); the
+# Everything below calls `attention_atlas.attention.sma` (tested in `tests/test_sma_*.py`); the
 # stable entry point is `ssd(x, log_a, B, C, method)`, which computes
 # $y_t = \sum_{s\le t} (C_t\cdot B_s)\, e^{\log a_{s+1}+\dots+\log a_t}\, x_s$ by
 # `"recurrent"`, `"quadratic"` or `"chunked"`.
@@ -84,12 +84,9 @@ SMOKE = {
 }
 
 # %%
-import importlib.util
 import json
 import math
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
@@ -103,7 +100,6 @@ from attention_atlas.attention.sma import (
     per_state_ssm_matrices,
     scalar_ssm_matrices,
     segsum,
-    ssd,
     ssd_matrix,
     ssm_as_masked_attention,
     ssm_as_sum_of_masked_attentions,
@@ -112,6 +108,8 @@ from attention_atlas.attention.sma import (
     ssm_recurrence,
     ssm_semiseparable,
 )
+from attention_atlas.experiments import ssd_accuracy, ssd_scaling
+from attention_atlas.experiments.ssd_accuracy import rel_err
 from attention_atlas.notebooks import repo_root
 
 # Two CPU cores shared with other jobs: one intra-op thread is faster and far steadier here.
@@ -119,12 +117,6 @@ torch.set_num_threads(threads)
 F64 = torch.float64
 g = torch.Generator().manual_seed(42)
 ROOT = repo_root()
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Max-abs error relative to the largest entry of the reference ``b``."""
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
-
 
 # %% [markdown]
 # ## 1. Masked attention and the low-rank mask identity
@@ -316,45 +308,11 @@ print(f"check 4, C^T A^-1 B x by the semiseparable generators: {err4:.1e}")
 # products along each segment, no division).
 
 # %%
-rows = []
-for T in generator_lengths:
-    gg = torch.Generator().manual_seed(T)
-    a_g = torch.empty(T - 1, dtype=F64).uniform_(0.4, 0.6, generator=gg)
-    Bg, Cg = torch.randn(T, 4, generator=gg, dtype=F64), torch.randn(T, 4, generator=gg, dtype=F64)
-    xg = torch.randn(T, generator=gg, dtype=F64)
-    ref = ssm_as_masked_attention(a_g, Bg, Cg) @ xg
-    log_a_g = torch.cat([torch.zeros(1, dtype=F64), torch.log(a_g)])
-    for dtype in (torch.float32, F64):
-        gen_y = ssm_masked_attention_product(
-            a_g.to(dtype), Bg.to(dtype), Cg.to(dtype), xg.to(dtype)
-        )
-        ssd_y = ssd(
-            *(t.to(dtype)[None, :, None] for t in (xg[:, None], log_a_g, Bg, Cg)),
-            chunk_size=chunk_size,
-        )[0, :, 0, 0]
-        for name, y in (("generators", gen_y), ("ssd chunked (log space)", ssd_y)):
-            e = rel_err(y.double(), ref)
-            rows.append(
-                {
-                    "T": T,
-                    "dtype": str(dtype).replace("torch.", ""),
-                    "method": name,
-                    "rel_err": e if math.isfinite(e) else float("nan"),
-                }
-            )
-gen_df = pd.DataFrame(rows)
+gen_df = ssd_accuracy.generator_overflow(generator_lengths, chunk_size)
 table = gen_df.pivot_table(index="T", columns=["method", "dtype"], values="rel_err", dropna=False)
 print(table.to_string(float_format=lambda v: f"{v:.1e}"))
-
-
-def first_failure(dtype: str) -> int | None:
-    """Smallest T where the generator product is NaN/inf or off by more than 1e-3."""
-    sub = gen_df[(gen_df.method == "generators") & (gen_df.dtype == dtype)]
-    bad = sub[~(sub.rel_err < 1e-3)]
-    return int(bad["T"].min()) if len(bad) else None
-
-
-first_bad32, first_bad64 = first_failure("float32"), first_failure("float64")
+first_bad32 = ssd_accuracy.first_failure(gen_df, "float32")
+first_bad64 = ssd_accuracy.first_failure(gen_df, "float64")
 
 
 def at(T: int | None) -> str:
@@ -395,32 +353,13 @@ viz.markdown(
 # ($\log a \sim -U(0,10^{-3})$).
 
 # %%
-ssd_rows = []
-for L_ in ssd_lengths:
-    gg = torch.Generator().manual_seed(L_)
-    xs = torch.randn(2, L_, 3, 8, generator=gg, dtype=F64)
-    la = -torch.rand(2, L_, 3, generator=gg, dtype=F64)
-    Bs, Cs = (torch.randn(2, L_, 3, 5, generator=gg, dtype=F64) / 5**0.5 for _ in range(2))
-    yq = ssd(xs, la, Bs, Cs, method="quadratic")
-    yr = ssd(xs, la, Bs, Cs, method="recurrent")
-    yc = ssd(xs, la, Bs, Cs, method="chunked", chunk_size=chunk_size)
-    e_cq, e_rq = rel_err(yc, yq), rel_err(yr, yq)
-    assert max(e_cq, e_rq) < 1e-10, (L_, e_cq, e_rq)
-    ssd_rows.append({"L": L_, "chunked vs quadratic": e_cq, "recurrent vs quadratic": e_rq})
-print(pd.DataFrame(ssd_rows).to_string(index=False, float_format=lambda v: f"{v:.1e}"))
+agreement = ssd_accuracy.method_agreement(ssd_lengths, chunk_size)
+assert (agreement.drop(columns="L") < 1e-10).all().all(), agreement
+print(agreement.to_string(index=False, float_format=lambda v: f"{v:.1e}"))
 
-acc_rows = []
-for decay, scale in (("strong", 4.0), ("weak", 1e-3)):
-    gg = torch.Generator().manual_seed(1)
-    xs = torch.randn(1, long_L, 2, 32, generator=gg, dtype=F64)
-    la = -scale * torch.rand(1, long_L, 2, generator=gg, dtype=F64)
-    Bs, Cs = (torch.randn(1, long_L, 2, 32, generator=gg, dtype=F64) / 32**0.5 for _ in range(2))
-    ref = ssd(xs, la, Bs, Cs, method="quadratic")
-    y32 = ssd(*(t.float() for t in (xs, la, Bs, Cs)), method="chunked", chunk_size=chunk_size)
-    rel = float((y32.double() - ref).norm() / ref.norm())
-    assert rel < 1e-4, (decay, rel)
-    acc_rows.append({"decay": decay, "L": long_L, "|y32 - y64| / |y64|": rel})
-print(pd.DataFrame(acc_rows).to_string(index=False, float_format=lambda v: f"{v:.1e}"))
+accuracy = ssd_accuracy.float32_accuracy(long_L, chunk_size=chunk_size)
+assert (accuracy["|y32 - y64| / |y64|"] < 1e-4).all(), accuracy
+print(accuracy.to_string(index=False, float_format=lambda v: f"{v:.1e}"))
 
 # %% [markdown]
 # ## 6. Time and memory against sequence length
@@ -433,20 +372,15 @@ print(pd.DataFrame(acc_rows).to_string(index=False, float_format=lambda v: f"{v:
 # high-water mark of live tensors in one call (`attention_atlas.bench.peak_memory`). Where the
 # quadratic form's $(\text{heads}, L, L)$ tensors exceed the memory cap it can only run one head
 # at a time: one head is timed and multiplied by the number of heads, and its memory is the
-# predicted all-heads peak (the table's note says so). The benchmark code is
-# `benchmarks/bench_ssd.py`; this section runs its `sweep` with the book's caps and prints what
-# it skipped and why.
+# predicted all-heads peak (the table's note says so). The experiment is
+# `attention_atlas.experiments.ssd_scaling` (also `benchmarks/bench_ssd.py`); this section runs
+# its `time_memory_sweep` with the book's caps and prints what it skipped and why.
 
 # %%
-spec = importlib.util.spec_from_file_location("bench_ssd", ROOT / "benchmarks" / "bench_ssd.py")
-assert spec is not None and spec.loader is not None
-bench_ssd = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_ssd)
-
 print(
     f"batch 1, {bench_heads} heads, head dim {bench_head_dim}, state {bench_state}, float32, {torch.get_num_threads()} thread(s), lengths {bench_lengths}"
 )
-sweep_rows = bench_ssd.sweep(
+sweep_rows = ssd_scaling.time_memory_sweep(
     bench_lengths,
     reps=bench_reps,
     max_seconds=bench_max_seconds,
@@ -455,83 +389,48 @@ sweep_rows = bench_ssd.sweep(
     heads=bench_heads,
     head_dim=bench_head_dim,
     state=bench_state,
-    verbose=False,
 )
-sweep_df = pd.DataFrame([r for r in sweep_rows if r.get("length")])
-skips = [f"{r['method']} ({r['note']})" for r in sweep_rows if not r.get("length")]
+sweep_df = ssd_scaling.sweep_table(sweep_rows)
+scaling = ssd_scaling.sweep_summary(sweep_rows)
 for r in sweep_rows:
     if not r.get("length"):
         print(f"{r['method']}: {r['note']}")
 print(
-    sweep_df.assign(ms=sweep_df.median_s * 1e3, MiB=sweep_df.peak_bytes / 2**20)[
-        ["method", "length", "ms", "MiB", "ratio_to_chunked", "note"]
-    ].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+    sweep_df[["method", "length", "ms", "MiB", "ratio_to_chunked", "note"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3g}"
+    )
 )
 
 
 # %%
-def loglog_figure(df: pd.DataFrame, column: str, ylabel: str, title: str) -> go.Figure:
-    fig = go.Figure()
-    for i, (m, sub) in enumerate(df.groupby("method", sort=False)):
-        sub = sub.sort_values("length")
-        slope = viz.loglog_slope(sub.length, sub[column]) if len(sub) > 1 else float("nan")
-        fig.add_trace(
-            go.Scatter(
-                x=sub.length,
-                y=sub[column],
-                mode="lines+markers",
-                name=f"{m} (slope {slope:.2f})",
-                line={"color": viz.COLORS[i]},
-            )
-        )
-    fig.update_xaxes(type="log", title="sequence length L")
-    fig.update_yaxes(type="log", title=ylabel)
-    fig.update_layout(title=title)
-    return fig
+def loglog_of(column: str, slopes: dict[str, float], ylabel: str, title: str) -> go.Figure:
+    """One curve per method (a gap where a method was skipped), its fitted slope in the legend."""
+    wide = sweep_df.pivot(index="length", columns="method", values=column)
+    series = {
+        f"{m} (slope {slopes.get(m, math.nan):.2f})": wide[m] for m in sweep_df.method.unique()
+    }
+    return viz.loglog(
+        wide.index, series, slopes_in_legend=False, xlabel="sequence length L", ylabel=ylabel,
+        title=title,
+    )  # fmt: skip
 
 
 viz.show(
-    loglog_figure(
-        sweep_df, "median_s", "seconds per forward call", "Forward time against L (log-log)"
+    loglog_of(
+        "median_s", scaling["slope"], "seconds per forward call", "Forward time against L (log-log)"
     )
 )
 viz.show(
-    loglog_figure(
-        sweep_df.assign(MiB=sweep_df.peak_bytes / 2**20),
-        "MiB",
-        "peak live tensors (MiB)",
-        "Peak memory against L (log-log)",
+    loglog_of(
+        "MiB", scaling["memory_slope"], "peak live tensors (MiB)", "Peak memory against L (log-log)"
     )
 )
 
-slope = {
-    m: viz.loglog_slope(s.length, s.median_s) for m, s in sweep_df.groupby("method") if len(s) > 1
-}
-cross_q = bench_ssd.crossover(sweep_rows, "chunked", "quadratic")
-cross_s = bench_ssd.crossover(sweep_rows, "chunked", "sdpa")
-cross_r = bench_ssd.crossover(sweep_rows, "chunked", "recurrent")
-q_rows = sweep_df[sweep_df.method == "quadratic"]
-q_last = q_rows.sort_values("length").iloc[-1] if len(q_rows) else None
 # Timings are reported, not asserted: on a shared machine a timing assert is a coin toss. The
 # linear-time claim is asserted on counted work instead: the matrix-product FLOPs (PyTorch's
 # FlopCounterMode) of chunked SSD double exactly when L doubles; the quadratic form's quadruple.
-from torch.utils.flop_counter import FlopCounterMode
-
-
-def ssd_flops(length: int, method: str) -> int:
-    g = torch.Generator().manual_seed(0)
-    x_, B_, C_ = (torch.randn(1, length, 2, n, generator=g) for n in (8, 4, 4))
-    la_ = -torch.rand(1, length, 2, generator=g)
-    with FlopCounterMode(display=False) as counter:
-        ssd(x_, la_, B_, C_, method=method, chunk_size=64)
-    return counter.get_total_flops()
-
-
-flop_lengths = [256, 512, 1024, 2048]
-flop_growth = {
-    m: [ssd_flops(b, m) / ssd_flops(a, m) for a, b in zip(flop_lengths, flop_lengths[1:])]
-    for m in ("chunked", "quadratic")
-}
+flops = ssd_scaling.flop_growth([256, 512, 1024, 2048], heads=2, head_dim=8, state=4)
+flop_growth = flops["growth"]
 assert all(abs(g - 2.0) < 1e-12 for g in flop_growth["chunked"]), flop_growth
 assert all(abs(g - 4.0) < 1e-12 for g in flop_growth["quadratic"]), flop_growth
 print("FLOP growth per doubling of L:", flop_growth)
@@ -541,14 +440,15 @@ def fmt_L(v):
     return "not within the measured range" if v is None else f"L ≈ {v:.0f}"
 
 
+cross, q_last, skips = scaling["crossover"], scaling["quadratic_last"], scaling["skips"]
 viz.markdown(
     "Fitted exponents (time ∝ L^slope): "
-    + ", ".join(f"{m} {s:.2f}" for m, s in slope.items())
-    + f". Chunked becomes faster than the quadratic form at {fmt_L(cross_q)}, than SDPA at "
-    f"{fmt_L(cross_s)} and than the recurrence at {fmt_L(cross_r)}."
+    + ", ".join(f"{m} {s:.2f}" for m, s in sorted(scaling["slope"].items()))
+    + f". Chunked becomes faster than the quadratic form at {fmt_L(cross['quadratic'])}, than "
+    f"SDPA at {fmt_L(cross['sdpa'])} and than the recurrence at {fmt_L(cross['recurrent'])}."
     + (
-        f" At L = {int(q_last.length)}, the largest length where the quadratic form ran within "
-        f"the book's caps, the quadratic form takes {q_last.ratio_to_chunked:.3g} times as long as chunked."
+        f" At L = {q_last[0]}, the largest length where the quadratic form ran within "
+        f"the book's caps, the quadratic form takes {q_last[1]:.3g} times as long as chunked."
         if q_last is not None
         else ""
     )
@@ -572,31 +472,7 @@ if bench_path is not None and bench_path.is_file():
     print(
         f"loaded {bench_path.relative_to(ROOT)} (run {full['time']}, {full['threads']} thread(s)): {full['command']}"
     )
-    ratio_df = pd.DataFrame(full.get("ratio", []))
-    cols = [
-        c
-        for c in [
-            "length",
-            "chunked_s",
-            "quadratic_s",
-            "speedup",
-            "speedup_q25",
-            "speedup_q75",
-            "quadratic_mode",
-        ]
-        if c in ratio_df
-    ]
-    print(ratio_df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    lin = full.get("linearity")
-    if lin:
-        print(pd.DataFrame(lin["rows"]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-        print(
-            f"largest deviation of time/L from L = {lin['rows'][0]['length']}: {lin['max_deviation']:.1%}"
-        )
-    if full.get("accuracy"):
-        print(
-            pd.DataFrame(full["accuracy"]).to_string(index=False, float_format=lambda v: f"{v:.2e}")
-        )
+    print(ssd_scaling.format_benchmark(full))
 else:
     print(
         "no full benchmark results here; run: python benchmarks/bench_ssd.py --out artifacts/bench/ssd.json"

@@ -59,7 +59,7 @@ VARIANTS: dict[str, str] = {
     "mahalanobis": "attention_atlas.attention.matroidal:MahalanobisAttention",
     "riemannian": "attention_atlas.attention.riemannian:RiemannianAttention",
     "fiber_bundle": "attention_atlas.fiber_bundle:FiberBundleAttention",
-    "ssm": "attention_atlas.attention.sma:SSMAttention",
+    "ssm": "attention_atlas.attention.sma.module:SSMAttention",
     "mixed": "attention_atlas.attention.mixed:MixedHeadAttention",
 }
 

@@ -23,6 +23,7 @@ EXPERIMENTS: dict[str, str] = {
     "fiber-bundle": "attention_atlas.fiber_bundle",
     "matroidal": "attention_atlas.experiments.matroidal",
     "rank-collapse": "attention_atlas.experiments.rank_collapse",
+    "ssd-scaling": "attention_atlas.experiments.ssd_scaling",
 }
 
 
