@@ -95,3 +95,24 @@ def test_mean_interval_draws_each_groups_mean_and_t_interval_half_width() -> Non
         r = np.asarray(runs[label])
         want = 0.0 if r.size < 2 else st.t.ppf(0.975, r.size - 1) * st.sem(r)
         assert half == pytest.approx(want, rel=1e-12)
+
+
+def test_lines_takes_a_shared_x_or_one_x_per_series() -> None:
+    fig = viz.lines({"a": [1.0, 2.0], "b": [3.0, 4.0]}, x=[0.0, 1.0], log_y=True)
+    assert [list(t.y) for t in fig.data] == [[1.0, 2.0], [3.0, 4.0]]
+    assert fig.layout.yaxis.type == "log"
+    fig = viz.lines({"a": ([1.0, 2.0, 3.0], [1.0, 4.0, 9.0]), "b": ([5.0], [7.0])})
+    assert list(fig.data[0].x) == [1.0, 2.0, 3.0] and list(fig.data[1].y) == [7.0]
+    with pytest.raises(ValueError, match="series 'a'"):
+        viz.lines({"a": [1.0, 2.0]}, x=[0.0])
+
+
+def test_loglog_slope_is_the_power_law_exponent_ignoring_missing_points() -> None:
+    import numpy as np
+
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    y = 3.0 * x**1.5
+    y[-1] = np.nan  # a point that was not measured
+    assert viz.loglog_slope(x, y) == pytest.approx(1.5, abs=1e-12)
+    fig = viz.loglog(None, {"c": (x[:3], y[:3])})
+    assert "slope 1.50" in fig.data[0].name

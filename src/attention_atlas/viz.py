@@ -470,10 +470,63 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
+def _series_xy(x: Any, series: Mapping[str, Any]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``[(name, x, y)]`` from a shared ``x`` and ``{name: y}``, or ``x=None`` and
+    ``{name: (x, y)}``; shapes checked."""
+    out = []
+    for name, ys in series.items():
+        if x is None:
+            if not (isinstance(ys, tuple | list) and len(ys) == 2):
+                raise ValueError(
+                    f"series {name!r}: without a shared x, give (x, y), got {type(ys)}"
+                )
+            xs, yy = _np(ys[0]).astype(float), _np(ys[1]).astype(float)
+        else:
+            xs, yy = _np(x).astype(float), _np(ys).astype(float)
+        if xs.shape != yy.shape or xs.ndim != 1:
+            raise ValueError(
+                f"series {name!r}: x and y must be 1-D of one length, got {xs.shape}, {yy.shape}"
+            )
+        out.append((str(name), xs, yy))
+    return out
+
+
+def lines(
+    series: Mapping[str, Any],
+    *,
+    x: Any = None,
+    mode: str = "lines+markers",
+    log_x: bool = False,
+    log_y: bool = False,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    fig: go.Figure | None = None,
+    row: int | None = None,
+    col: int | None = None,
+) -> go.Figure:
+    """Plain curves, one per series: ``{name: y}`` against a shared ``x``, or ``{name: (x, y)}``
+    with ``x=None`` (each curve its own x). Optionally into a subplot ``(row, col)`` of ``fig``."""
+    fig = fig or go.Figure()
+    kw = {"row": row, "col": col} if row is not None and col is not None else {}
+    for name, xs, yy in _series_xy(x, series):
+        fig.add_trace(go.Scatter(x=xs, y=yy, mode=mode, name=name), **kw)
+    fig.update_xaxes(title=xlabel, type="log" if log_x else None, **kw)
+    fig.update_yaxes(title=ylabel, type="log" if log_y else None, **kw)
+    if title is not None:
+        fig.update_layout(title=title)
+    return fig
+
+
 def loglog_slope(x: Any, y: Any) -> float:
-    """Least-squares slope of ``log y`` against ``log x`` (the exponent of a power law)."""
-    lx, ly = np.log(_np(x).astype(float)), np.log(_np(y).astype(float))
-    if lx.shape != ly.shape or lx.size < 2:
+    """Least-squares slope of ``log y`` against ``log x`` (the exponent of a power law), over
+    the points where both are finite and positive."""
+    xa, ya = _np(x).astype(float), _np(y).astype(float)
+    if xa.shape != ya.shape:
+        raise ValueError(f"need x and y of the same shape, got {xa.shape}, {ya.shape}")
+    ok = np.isfinite(xa) & np.isfinite(ya) & (xa > 0) & (ya > 0)
+    lx, ly = np.log(xa[ok]), np.log(ya[ok])
+    if lx.size < 2:
         raise ValueError(
             f"need x and y of the same shape with >= 2 points, got {lx.shape}, {ly.shape}"
         )
@@ -490,11 +543,10 @@ def loglog(
     slopes_in_legend: bool = True,
 ) -> go.Figure:
     """Curves on log-log axes (for costs against sequence length); the legend gives each
-    curve's fitted exponent when ``slopes_in_legend``."""
-    xs = _np(x)
+    curve's fitted exponent when ``slopes_in_legend``. ``series`` is ``{name: y}`` against the
+    shared ``x``, or ``{name: (x, y)}`` with ``x=None``."""
     fig = go.Figure()
-    for name, ys in series.items():
-        yy = _np(ys)
+    for name, xs, yy in _series_xy(x, series):
         label = f"{name} (slope {loglog_slope(xs, yy):.2f})" if slopes_in_legend else name
         fig.add_trace(go.Scatter(x=xs, y=yy, mode="lines+markers", name=label))
     fig.update_xaxes(type="log", title=xlabel)
