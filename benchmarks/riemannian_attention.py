@@ -23,7 +23,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attention_atlas.attention import riemannian as R
+from attention_atlas.attention.riemannian.fast import (
+    geodesic_attention,
+    geodesic_attention_reference,
+)
 from attention_atlas.bench import compare, format_table, peak_memory
 from attention_atlas.linalg import metric_dense, metric_inverse_apply
 
@@ -39,11 +42,11 @@ def accuracy(L: int, causal: bool) -> dict[str, float]:
     q, k, v, U = inputs(1, 4, L, 16, 4, torch.float64)
     tau = math.sqrt(32)
     w = torch.randn_like(v)
-    ref = R.geodesic_attention_reference(q, k, v, U, tau, causal)[0]
+    ref = geodesic_attention_reference(q, k, v, U, tau, causal)[0]
     gr = torch.autograd.grad((ref * w).sum(), (q, k, v, U))
     out: dict[str, float] = {}
     for method in ("augmented", "sdpa", "lowrank"):
-        fast = R.geodesic_attention(q, k, v, U, tau, causal, method=method)  # type: ignore[arg-type]
+        fast = geodesic_attention(q, k, v, U, tau, causal, method=method)  # type: ignore[arg-type]
         gf = torch.autograd.grad((fast * w).sum(), (q, k, v, U))
         out[f"{method}_max_abs_diff_out"] = float((fast - ref).detach().abs().max())
         out[f"{method}_max_abs_diff_grad"] = max(float((a - b).abs().max()) for a, b in zip(gf, gr))
@@ -53,13 +56,13 @@ def accuracy(L: int, causal: bool) -> dict[str, float]:
 def fns(tau: float, causal: bool) -> dict[str, Any]:
     return {
         "sdpa": lambda q, k, v, U: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "geodesic_augmented": lambda q, k, v, U: R.geodesic_attention(
+        "geodesic_augmented": lambda q, k, v, U: geodesic_attention(
             q, k, v, U, tau, causal, method="augmented"
         ),
-        "geodesic_sdpa_padded": lambda q, k, v, U: R.geodesic_attention(
+        "geodesic_sdpa_padded": lambda q, k, v, U: geodesic_attention(
             q, k, v, U, tau, causal, method="sdpa"
         ),
-        "geodesic_lowrank": lambda q, k, v, U: R.geodesic_attention(
+        "geodesic_lowrank": lambda q, k, v, U: geodesic_attention(
             q, k, v, U, tau, causal, method="lowrank"
         ),
     }
@@ -111,7 +114,7 @@ def main() -> None:
         ref = {
             "sdpa": fns(tau, False)["sdpa"],
             "geodesic_augmented": fns(tau, False)["geodesic_augmented"],
-            "reference": lambda q, k, v, U: R.geodesic_attention_reference(q, k, v, U, tau)[0],
+            "reference": lambda q, k, v, U: geodesic_attention_reference(q, k, v, U, tau)[0],
         }
         res = compare(
             ref, "sdpa", inputs(1, 8, L, d, r), reps=max(3, args.reps // 2), backward=False,
@@ -150,8 +153,8 @@ def main() -> None:
             res = compare(
                 {
                     "sdpa": lambda q, k, v, U: F.scaled_dot_product_attention(q, k, v),
-                    "augmented": lambda q, k, v, U, t=t: R.geodesic_attention(q, k, v, U, t, method="augmented"),
-                    "lowrank": lambda q, k, v, U, t=t: R.geodesic_attention(q, k, v, U, t, method="lowrank"),
+                    "augmented": lambda q, k, v, U, t=t: geodesic_attention(q, k, v, U, t, method="augmented"),
+                    "lowrank": lambda q, k, v, U, t=t: geodesic_attention(q, k, v, U, t, method="lowrank"),
                 },
                 "sdpa", inputs(1, 4, 512, dd, r), reps=max(3, args.reps // 2), backward=False,
                 memory=False, meta={"batch": 1, "heads": 4, "length": 512, "head_dim": dd, "rank": r},

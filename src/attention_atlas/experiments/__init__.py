@@ -19,7 +19,7 @@ __all__ = ["EXPERIMENTS", "experiment"]
 
 #: experiment name (as on the command line) -> module
 EXPERIMENTS: dict[str, str] = {
-    "fiber-bundle": "attention_atlas.fiber_bundle",
+    "fiber-bundle": "attention_atlas.experiments.fiber_bundle",
 }
 
 
