@@ -50,14 +50,15 @@
 # divided by $\kappa_\max$; the cap is ten times stronger than the diversity push, so the band
 # $[\kappa_\min, \kappa_\max]$ holds whatever its level.
 #
-# **Runs.** One grid of configurations (`attention_atlas.experiments.fiber_bundle.chapter_grid`), each trained from scratch at
-# every seed under identical conditions (width, depth, heads, steps, batch, learning-rate
-# schedule, data order per seed) and shared across predictions where that is honest: the default
-# model is also the "three regularisers" arm of P3, the $\alpha = 1$ arm of P2, the $r = 4$ arm of
-# P6 and the $\kappa_\max = \tau/L$ level of P1. Every number below is a mean over seeds with a
-# 95% Student-$t$ interval; comparisons between configurations are paired by seed. The book's
-# models are deliberately tiny (this chapter must run on two shared CPU cores): the answers are
-# answers *at this scale*, and the command printed beside each figure reruns the grid larger.
+# **Runs.** One grid of configurations (`attention_atlas.experiments.fiber_bundle.chapter_grid`),
+# each trained from scratch at every seed under identical conditions (width, depth, heads, steps,
+# batch, learning-rate schedule, data order per seed) and shared across predictions where that is
+# honest: the default model is also the "three regularisers" arm of P3, the $\alpha = 1$ arm of
+# P2, the $r = 4$ arm of P6 and the $\kappa_\max = \tau/L$ level of P1. Every number below is a
+# mean over seeds with a 95% Student-$t$ interval; comparisons between configurations are paired
+# by seed. The book's models are deliberately tiny (this chapter must run on two shared CPU
+# cores): the answers are answers *at this scale*, and the command printed beside each figure
+# reruns the grid larger.
 
 # %% tags=["parameters"]
 steps = 200  # optimiser steps per run
