@@ -55,7 +55,7 @@ def test_weights_path_equals_fast_path_and_reports_diagnostics(name):
     assert rel(fast.out, slow.out) < TOL
     assert slow.probs is not None and slow.probs.shape == (2, 2, 9, 9)
     assert int(slow.diagnostics["nonfinite_logits"]) == 0
-    kappa = (fast.extras["metric_factor"] ** 2).sum((-1, -2))
+    kappa = (fast.extras["metric_factor"].detach() ** 2).sum((-1, -2))
     assert float(fast.diagnostics["metric_kappa_mean"]) == pytest.approx(float(kappa.mean()))
     assert float(fast.diagnostics["metric_kappa_max"]) == pytest.approx(float(kappa.max()))
 
