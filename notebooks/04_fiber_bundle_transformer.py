@@ -30,10 +30,11 @@
 # | E | metric-preconditioned feed-forward step $x_t + g_t^{-1}\,\mathrm{FFN}(x_t)$ (Woodbury) | (26) |
 # | blend | $s = s_\text{base} + \alpha\,(s_\text{Riem} - s_\text{base})$ | (27) |
 #
-# The implementation is `attention_atlas.fiber_bundle` (the block, the regulariser schedule, the
-# diagnostics) on top of the geometry core `attention_atlas.attention.riemannian`; every phase can
-# be switched off alone (`FiberBundleConfig(phase_c=False)`, ...), and the model trains through
-# the same `train.train` loop as every other chapter. Two choices the paper leaves open:
+# The model is `attention_atlas.models.FiberBundleConfig` (the block with Phase E) on top of the
+# geometry core `attention_atlas.attention.riemannian` (phases A to D, the regularisers and their
+# schedule, the diagnostics); every phase can be switched off alone
+# (`FiberBundleConfig(phase_c=False)`, ...), and the model trains through the same `train.train`
+# loop as every other chapter. Two choices the paper leaves open:
 # the blending baseline is the *distance* form $s_\text{base} = -\lVert q_i - k_j\rVert^2/\tau$
 # (the paper's own Section 5.8 remark: with the dot-product form, $\alpha$ would also change a
 # key-norm bias and the temperature), and $\tau = \sqrt{2 d_\text{head}}$, the temperature at which
@@ -49,14 +50,15 @@
 # divided by $\kappa_\max$; the cap is ten times stronger than the diversity push, so the band
 # $[\kappa_\min, \kappa_\max]$ holds whatever its level.
 #
-# **Runs.** One grid of configurations (`fiber_bundle.chapter_grid`), each trained from scratch at
-# every seed under identical conditions (width, depth, heads, steps, batch, learning-rate
-# schedule, data order per seed) and shared across predictions where that is honest: the default
-# model is also the "three regularisers" arm of P3, the $\alpha = 1$ arm of P2, the $r = 4$ arm of
-# P6 and the $\kappa_\max = \tau/L$ level of P1. Every number below is a mean over seeds with a
-# 95% Student-$t$ interval; comparisons between configurations are paired by seed. The book's
-# models are deliberately tiny (this chapter must run on two shared CPU cores): the answers are
-# answers *at this scale*, and the command printed beside each figure reruns the grid larger.
+# **Runs.** One grid of configurations (`attention_atlas.experiments.fiber_bundle.chapter_grid`),
+# each trained from scratch at every seed under identical conditions (width, depth, heads, steps,
+# batch, learning-rate schedule, data order per seed) and shared across predictions where that is
+# honest: the default model is also the "three regularisers" arm of P3, the $\alpha = 1$ arm of
+# P2, the $r = 4$ arm of P6 and the $\kappa_\max = \tau/L$ level of P1. Every number below is a
+# mean over seeds with a 95% Student-$t$ interval; comparisons between configurations are paired
+# by seed. The book's models are deliberately tiny (this chapter must run on two shared CPU
+# cores): the answers are answers *at this scale*, and the command printed beside each figure
+# reruns the grid larger.
 
 # %% tags=["parameters"]
 steps = 200  # optimiser steps per run
@@ -97,10 +99,6 @@ SMOKE = {
 }
 
 # %%
-import inspect
-import json
-import math
-import tempfile
 import time
 from pathlib import Path
 
@@ -111,10 +109,11 @@ from IPython.display import display
 from plotly.subplots import make_subplots
 
 import attention_atlas
-from attention_atlas import fiber_bundle as fb
 from attention_atlas import viz
-from attention_atlas.stats import mean_ci
-from attention_atlas.sweep import load_cell, make_cells, run_sweep
+from attention_atlas.experiments import fiber_bundle as fb
+from attention_atlas.experiments.fiber_bundle_analysis import TYPE_NAMES, verdict
+from attention_atlas.models import PHASES
+from attention_atlas.stats import mean_interval, paired_difference
 
 t_chapter = time.perf_counter()
 grid_kwargs = {
@@ -123,87 +122,42 @@ grid_kwargs = {
     "analyse_seqs": analyse_seqs, "final_eval_batches": final_eval_batches, "log_every": log_every,
     "ablations": ablations,
 }  # fmt: skip
-grid = fb.chapter_grid(**grid_kwargs)
-cells = make_cells(grid, seeds)
 repo = Path(attention_atlas.__file__).resolve().parents[2]
-out_dir = Path(results_dir) if results_dir else Path(tempfile.mkdtemp(prefix="fbt-"))
-if not out_dir.is_absolute():
-    out_dir = repo / out_dir
-
-# the command line that runs (or resumes) the same grid
-defaults = {k: p.default for k, p in inspect.signature(fb.chapter_grid).parameters.items()}
-overrides = " ".join(
-    f"-p {k}={json.dumps(v).replace(' ', '')}"
-    for k, v in grid_kwargs.items()
-    if json.dumps(v) != json.dumps(defaults[k])
-)
-COMMAND = (
-    f"python -m attention_atlas sweep fiber-bundle --preset book --seeds {' '.join(map(str, seeds))}"
-    + (f" {overrides}" if overrides else "")
-    + f" --out {results_dir or out_dir}"
-)
-print(f"{len(grid)} configurations x {len(seeds)} seeds = {len(cells)} runs")
-print("command:", COMMAND)
-t0 = time.perf_counter()
-df = run_sweep(cells, fb.run_cell, out_dir)
-print(f"sweep finished in {time.perf_counter() - t0:.0f} s (cells already in {out_dir} are reused)")
-full = {(c.config, c.seed): load_cell(out_dir, c) for c in cells}
-assert len(df) == len(cells), "every cell of the grid must have a result"
+runs = fb.run_chapter(grid_kwargs, seeds, results_dir, repo)  # trains every missing cell
+grid, df, COMMAND = runs.grid, runs.df, runs.command
 assert np.isfinite(df["val_bpc"]).all(), "a run diverged"
 
 # %% [markdown]
 # ## Helpers: per-seed values, paired differences, verdicts
 #
-# `per_seed(config, column)` gives one value per seed; `paired(a, b, column)` the mean and 95%
-# interval of the per-seed difference `a - b` (same seeds, so the seed-to-seed variation of the
-# data order cancels). A prediction is *supported* when the interval of the effect it predicts
-# excludes zero in the predicted direction, *contradicted* when it excludes zero in the other
-# direction, and *inconclusive at this scale* otherwise.
+# `runs.per_seed(config, column)` gives one value per seed; `runs.paired(a, b, column)` the mean
+# and 95% interval of the per-seed difference `a - b` (same seeds, so the seed-to-seed variation
+# of the data order cancels). A prediction is *supported* when the interval of the effect it
+# predicts excludes zero in the predicted direction, *contradicted* when it excludes zero in the
+# other direction, and *inconclusive at this scale* otherwise (`verdict`). Two small plotting
+# helpers draw means over seeds with their intervals (`viz.mean_interval`) and the dot-product
+# model's mean as a reference line.
 
 # %%
 LAST = n_layers  # index of the last block's hidden state (0 = embedding)
-tau = math.sqrt(2.0 * (dim // n_heads))
-tau_over_L = tau / seq_len
-
-
-def per_seed(config: str, column: str) -> np.ndarray:
-    g = df[df.config == config].sort_values("seed")
-    return g[column].to_numpy(dtype=float)
-
-
-def fmt_ci(values: np.ndarray, digits: int = 3) -> str:
-    m, lo, hi = mean_ci(values)
-    if math.isnan(lo):
-        return f"{m:.{digits}f}"
-    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def paired(a: str, b: str, column: str) -> tuple[float, float, float]:
-    return mean_ci(per_seed(a, column) - per_seed(b, column))
-
-
-def verdict(ci: tuple[float, float, float], sign: int = 1) -> str:
-    m, lo, hi = ci
-    if math.isnan(lo):
-        return "inconclusive at this scale (one seed)"
-    if sign * lo > 0 and sign * hi > 0:
-        return "supported"
-    if sign * lo < 0 and sign * hi < 0:
-        return "contradicted"
-    return "inconclusive at this scale"
-
-
-def ci_str(ci: tuple[float, float, float], digits: int = 3) -> str:
-    m, lo, hi = ci
-    return f"{m:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-
-
-def mean_over_layers(config: str, stem: str) -> np.ndarray:
-    cols = [f"{stem.format(l=l)}" for l in range(1, n_layers + 1)]
-    return np.mean([per_seed(config, c) for c in cols], axis=0)
-
-
+tau_over_L = fb.kappa_scale(dim, n_heads, seq_len)
+per_seed, paired = runs.per_seed, runs.paired
 VERDICTS: dict[str, str] = {}
+
+
+def with_interval(fig, groups, x, name, color, col=None, legend=True, **marker):
+    """Means over seeds with 95% intervals, as a coloured line (subplot ``col`` of row 1)."""
+    viz.mean_interval(groups, x=x, fig=fig, row=1 if col else None, col=col, name=name,
+                      mode=marker.pop("mode", "lines+markers"), color=color)  # fmt: skip
+    fig.data[-1].update(showlegend=legend, line={"color": color}, marker=marker)
+
+
+def reference_line(fig, xs, value, col):
+    """The dot-product model's mean over seeds as a dashed line across ``xs``."""
+    fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[value, value], mode="lines",
+                             name="dot product (mean)", showlegend=col == 1,
+                             line={"dash": "dash", "color": viz.COLORS[1]}), row=1, col=col)  # fmt: skip
+
 
 # %% [markdown]
 # ## Every configuration against the dot-product baseline
@@ -213,30 +167,14 @@ VERDICTS: dict[str, str] = {}
 # to the dot-product Transformer of the same width, depth, steps and data.
 
 # %%
-rows = []
-for name in grid:
-    bpc = per_seed(name, "val_bpc")
-    tt = per_seed(name, "train_time_s")
-    row = {"configuration": name, "val bpc": fmt_ci(bpc), "train s": fmt_ci(tt, 1)}
-    if name != "dot":
-        row["bpc - dot"] = ci_str(paired(name, "dot", "val_bpc"))
-        row["time / dot"] = f"{tt.mean() / per_seed('dot', 'train_time_s').mean():.1f}x"
-    row[f"erank L{LAST}"] = fmt_ci(per_seed(name, f"erank_{LAST}"), 2)
-    rows.append(row)
-overview = pd.DataFrame(rows).set_index("configuration")
-display(overview)
+display(runs.overview(LAST))
 
 fig = make_subplots(
     rows=1, cols=2, subplot_titles=("validation bits per character", "training time (s)")
 )
-for col, (metric, _fmtd) in enumerate((("val_bpc", 3), ("train_time_s", 1)), start=1):
-    means, errs = [], []
-    for name in grid:
-        m, lo, hi = mean_ci(per_seed(name, metric))
-        means.append(m)
-        errs.append(0.0 if math.isnan(hi) else hi - m)
-    fig.add_trace(go.Bar(x=list(grid), y=means, error_y={"type": "data", "array": errs},
-                         showlegend=False), row=1, col=col)  # fmt: skip
+for col, metric in enumerate(("val_bpc", "train_time_s"), start=1):
+    viz.mean_interval({name: per_seed(name, metric) for name in grid}, fig=fig, row=1, col=col,
+                      mode="bar")  # fmt: skip
 fig.update_layout(
     title=f"All configurations, mean and 95% interval over {len(seeds)} seeds",
     height=440,
@@ -247,9 +185,9 @@ print("command:", COMMAND)
 fbt_ratio = per_seed("fbt", "train_time_s").mean() / per_seed("dot", "train_time_s").mean()
 d_bpc = paired("fbt", "dot", "val_bpc")
 viz.markdown(
-    f"After {steps} steps the dot-product baseline reaches {fmt_ci(per_seed('dot', 'val_bpc'))} bits "
-    f"per character and the default Fiber Bundle Transformer {fmt_ci(per_seed('fbt', 'val_bpc'))} "
-    f"(paired difference {ci_str(d_bpc)}), at {fbt_ratio:.1f} times the training time. "
+    f"After {steps} steps the dot-product baseline reaches {runs.interval('dot', 'val_bpc')} bits "
+    f"per character and the default Fiber Bundle Transformer {runs.interval('fbt', 'val_bpc')} "
+    f"(paired difference {d_bpc.format(signed=True)}), at {fbt_ratio:.1f} times the training time. "
     f"At this scale ({steps * batch_size * seq_len:,} training characters seen per run) both "
     "models are early in training; "
     "the bits-per-character comparisons below are about direction, not final quality."
@@ -271,46 +209,25 @@ viz.markdown(
 # %%
 p1_names = {c: ("fbt" if c == 1.0 else f"fbt_kappa-{c:g}") for c in kappa_factors}
 p1_names = {c: n for c, n in p1_names.items() if n in grid}
-
-
-def last_logged(config: str, key: str) -> np.ndarray:
-    """Per seed: the last logged value of a diagnostic, averaged over blocks."""
-    return np.array([np.mean([fb.history_frame(full[(config, s)])[f"fiber_bundle/l{l}/{key}"].iloc[-1]
-                              for l in range(n_layers)]) for s in seeds])  # fmt: skip
-
-
 # trained max_t |U_t|_F^2 (per head, the paper's U-bar^2) in units of tau / L
-strength = {c: last_logged(n, "kappa_max") / tau_over_L for c, n in p1_names.items()}
-free_strength = last_logged("fbt_reg-none", "kappa_max") / tau_over_L
-fig = make_subplots(rows=1, cols=3, subplot_titles=(f"effective rank, block {LAST}",
-                    "attention sigma_2 (mean over blocks)", "validation bpc"))  # fmt: skip
-dot_vals = {1: per_seed("dot", f"erank_{LAST}"),
-            2: np.mean([per_seed("dot", f"sigma2_{l}") for l in range(1, n_layers + 1)], axis=0),
-            3: per_seed("dot", "val_bpc")}  # fmt: skip
-for col, getter in enumerate(
-    (lambda n: per_seed(n, f"erank_{LAST}"), lambda n: mean_over_layers(n, "sigma2_{l}"),
-     lambda n: per_seed(n, "val_bpc")), start=1):  # fmt: skip
-    xs, ms, errs = [], [], []
-    for c, n in p1_names.items():
-        m, lo, hi = mean_ci(getter(n))
-        xs.append(float(strength[c].mean()))
-        ms.append(m)
-        errs.append(0.0 if math.isnan(hi) else hi - m)
-    fig.add_trace(go.Scatter(x=xs, y=ms, error_y={"type": "data", "array": errs}, mode="lines+markers",
-                             name="Fiber Bundle", showlegend=col == 1, line={"color": viz.COLORS[0]}),
-                  row=1, col=col)  # fmt: skip
-    dm = float(dot_vals[col].mean())
-    fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[dm, dm], mode="lines", name="dot product (mean)",
-                             showlegend=col == 1, line={"dash": "dash", "color": viz.COLORS[1]}),
-                  row=1, col=col)  # fmt: skip
+strength = {c: runs.last_logged(n, "kappa_max") / tau_over_L for c, n in p1_names.items()}
+free_strength = runs.last_logged("fbt_reg-none", "kappa_max") / tau_over_L
+panels = {
+    f"effective rank, block {LAST}": lambda n: per_seed(n, f"erank_{LAST}"),
+    "attention sigma_2 (mean over blocks)": lambda n: runs.mean_over_layers(n, "sigma2_{l}"),
+    "validation bpc": lambda n: per_seed(n, "val_bpc"),
+}
+fig = make_subplots(rows=1, cols=3, subplot_titles=tuple(panels))
+xs = [float(strength[c].mean()) for c in p1_names]
+for col, measure in enumerate(panels.values(), start=1):
+    with_interval(fig, {n: measure(n) for n in p1_names.values()}, xs, "Fiber Bundle",
+                  viz.COLORS[0], col, legend=col == 1)  # fmt: skip
+    reference_line(fig, xs, float(measure("dot").mean()), col)
     fig.add_vline(x=1.0, line_dash="dot", line_color="grey", row=1, col=col)
     # the model trained with no geometric regulariser (P3) sets its own strength: one more point
-    m, lo, hi = mean_ci(getter("fbt_reg-none"))
-    fig.add_trace(go.Scatter(x=[float(free_strength.mean())], y=[m], mode="markers",
-                             error_y={"type": "data", "array": [0.0 if math.isnan(hi) else hi - m]},
-                             marker={"symbol": "diamond", "size": 11, "color": viz.COLORS[2]},
-                             name="no regulariser (strength not imposed)", showlegend=col == 1),
-                  row=1, col=col)  # fmt: skip
+    with_interval(fig, {"fbt_reg-none": measure("fbt_reg-none")}, [float(free_strength.mean())],
+                  "no regulariser (strength not imposed)", viz.COLORS[2], col, legend=col == 1,
+                  mode="markers", symbol="diamond", size=11)  # fmt: skip
 fig.update_xaxes(type="log", title_text="max_t |U_t|² / (τ/L)")
 fig.update_layout(
     title="P1: metric strength across the critical scale τ/L", height=440, margin={"t": 110}
@@ -320,8 +237,9 @@ print("command:", COMMAND)
 
 lo_c, hi_c = min(p1_names), max(p1_names)
 d_er = paired(p1_names[hi_c], p1_names[lo_c], f"erank_{LAST}")
-d_s2 = mean_ci(
-    mean_over_layers(p1_names[hi_c], "sigma2_{l}") - mean_over_layers(p1_names[lo_c], "sigma2_{l}")
+d_s2 = paired_difference(
+    runs.mean_over_layers(p1_names[hi_c], "sigma2_{l}"),
+    runs.mean_over_layers(p1_names[lo_c], "sigma2_{l}"),
 )
 d_lo_dot = paired(p1_names[lo_c], "dot", f"erank_{LAST}")
 VERDICTS["P1"] = verdict(d_er)
@@ -330,12 +248,13 @@ d_free = paired("fbt_reg-none", "dot", f"erank_{LAST}")
 viz.markdown(
     f"**P1.** The cap held the metric where it was put (trained $\\bar U^2 / (\\tau/L)$ by cap level: "
     f"{reached}). From the weakest to the strongest metric ({lo_c:g} to {hi_c:g} times $\\tau/L$), the "
-    f"last block's effective rank changes by {ci_str(d_er, 2)} and the attention's $\\sigma_2$ by "
-    f"{ci_str(d_s2)}; at the weakest level the effective rank differs from the dot-product model's by "
-    f"{ci_str(d_lo_dot, 2)}. The predicted rise in rank above $\\tau / L$ is "
-    f"**{VERDICTS['P1']}** over the imposed levels. The model trained without geometric regulariser "
-    f"chose its own strength, {free_strength.mean():.3g} times $\\tau / L$ (deep in the super-critical "
-    f"regime), and its last block's effective rank exceeds the dot-product model's by {ci_str(d_free, 2)}."
+    f"last block's effective rank changes by {d_er.format(2, signed=True)} and the attention's "
+    f"$\\sigma_2$ by {d_s2.format(signed=True)}; at the weakest level the effective rank differs "
+    f"from the dot-product model's by {d_lo_dot.format(2, signed=True)}. The predicted rise in rank "
+    f"above $\\tau / L$ is **{VERDICTS['P1']}** over the imposed levels. The model trained without "
+    f"geometric regulariser chose its own strength, {free_strength.mean():.3g} times $\\tau / L$ "
+    f"(deep in the super-critical regime), and its last block's effective rank exceeds the "
+    f"dot-product model's by {d_free.format(2, signed=True)}."
 )
 
 # %% [markdown]
@@ -356,14 +275,9 @@ p2_names = {a: ("fbt" if a == 1.0 else f"fbt_alpha-{a:g}") for a in alphas}
 p2_names = {a: n for a, n in p2_names.items() if n in grid}
 fig = go.Figure()
 for k, (a_tr, n) in enumerate(p2_names.items()):
-    ms, errs = [], []
-    for a_ev in p2_names:
-        m, lo, hi = mean_ci(per_seed(n, f"bpc_at_alpha_{a_ev:g}"))
-        ms.append(m)
-        errs.append(0.0 if math.isnan(hi) else hi - m)
-    fig.add_trace(go.Scatter(x=list(p2_names), y=ms, error_y={"type": "data", "array": errs},
-                             mode="lines+markers", name=f"trained at alpha={a_tr:g}",
-                             line={"color": viz.COLORS[k % len(viz.COLORS)]}))  # fmt: skip
+    bpc_at = {f"{a_ev:g}": per_seed(n, f"bpc_at_alpha_{a_ev:g}") for a_ev in p2_names}
+    with_interval(fig, bpc_at, list(p2_names), f"trained at alpha={a_tr:g}",
+                  viz.COLORS[k % len(viz.COLORS)])  # fmt: skip
 diag = [float(per_seed(n, f"bpc_at_alpha_{a:g}").mean()) for a, n in p2_names.items()]
 fig.add_trace(go.Scatter(x=list(p2_names), y=diag, mode="markers", name="retrained at that alpha",
                          marker={"size": 16, "symbol": "circle-open", "color": "black"}))  # fmt: skip
@@ -372,26 +286,10 @@ fig.update_layout(title="P2: validation bpc at every evaluation alpha", xaxis_ti
 viz.show(fig)
 print("command:", COMMAND)
 
-gap_rows, gap_verdicts = [], []
-for a_tr, n_tr in p2_names.items():
-    for a_ev, n_ev in p2_names.items():
-        if a_tr == a_ev:
-            continue
-        gap = mean_ci(
-            per_seed(n_tr, f"bpc_at_alpha_{a_ev:g}") - per_seed(n_ev, f"bpc_at_alpha_{a_ev:g}")
-        )
-        gap_verdicts.append(verdict(gap))
-        gap_rows.append({"alpha_train": a_tr, "alpha_eval": a_ev, "gap (bpc)": ci_str(gap),
-                         "verdict": gap_verdicts[-1]})  # fmt: skip
-gaps = pd.DataFrame(gap_rows)
-within = max(
-    float(
-        np.abs(per_seed(n, f"bpc_at_alpha_{a_ev:g}") - per_seed(n, f"bpc_at_alpha_{a_tr:g}")).max()
-    )
-    for a_tr, n in p2_names.items()
-    for a_ev in p2_names
-)
+gaps = runs.alpha_gaps(p2_names)
+within = runs.alpha_sensitivity(p2_names)
 display(gaps)
+gap_verdicts = list(gaps["verdict"]) if len(gaps) else []
 n_sup = sum(v == "supported" for v in gap_verdicts)
 n_con = sum(v == "contradicted" for v in gap_verdicts)
 VERDICTS["P2"] = (
@@ -434,26 +332,10 @@ fig = make_subplots(
 )
 for k, (label, n) in enumerate(p3.items()):
     for col, key in enumerate(("kappa_mean", "kappa_var"), start=1):
-        series = []
-        for s in seeds:
-            h = fb.history_frame(full[(n, s)])
-            vals = np.mean(
-                [h[f"fiber_bundle/l{l}/{key}"].to_numpy() for l in range(n_layers)], axis=0
-            )
-            if key == "kappa_mean":  # prepend the value at initialisation (step 0)
-                init = np.mean([full[(n, s)][f"kappa_init_{l}"] for l in range(1, n_layers + 1)])
-                vals = np.concatenate([[init], vals])
-            series.append(vals)
-        steps_logged = list(fb.history_frame(full[(n, seeds[0])])["step"])
-        x = ([0.0] if key == "kappa_mean" else []) + steps_logged
-        arr = np.array(series)
-        m = arr.mean(0)
-        lo_hi = [mean_ci(arr[:, i]) for i in range(arr.shape[1])]
-        err = [0.0 if math.isnan(c[2]) else c[2] - c[0] for c in lo_hi]
-        fig.add_trace(go.Scatter(x=x, y=m, error_y={"type": "data", "array": err}, mode="lines+markers",
-                                 name=label, showlegend=col == 1, line={"color": viz.COLORS[k]}),
-                      row=1, col=col)  # fmt: skip
-fig.add_hline(y=fb.kappa_scale(dim, n_heads, seq_len) / 2, line_dash="dot", line_color="grey", row=1, col=1,
+        x, values = runs.trajectory(n, key)  # kappa_mean starts at its value at initialisation
+        per_step = {str(i): values[:, i] for i in range(values.shape[1])}
+        with_interval(fig, per_step, x, label, viz.COLORS[k], col, legend=col == 1)
+fig.add_hline(y=tau_over_L / 2, line_dash="dot", line_color="grey", row=1, col=1,
               annotation_text="kappa_min of the three-regulariser arm")  # fmt: skip
 fig.update_yaxes(type="log")
 fig.update_xaxes(title_text="step")
@@ -461,27 +343,31 @@ fig.update_layout(title="P3: metric strength during training", height=440, margi
 viz.show(fig)
 print("command:", COMMAND)
 
-ratios = {}
-for label, n in p3.items():
-    init = mean_over_layers(n, "kappa_init_{l}")
-    final = mean_over_layers(n, "kappa_{l}_mean")
-    ratios[label] = mean_ci(np.log10(final / init))
+ratios = {
+    label: mean_interval(
+        np.log10(
+            runs.mean_over_layers(n, "kappa_{l}_mean") / runs.mean_over_layers(n, "kappa_init_{l}")
+        )
+    )
+    for label, n in p3.items()
+}
 collapse = {lab: verdict(ratios[lab], sign=-1) for lab in ("no geometric regulariser", "L2 only")}
 VERDICTS["P3"] = (
     "supported" if all(v == "supported" for v in collapse.values()) else
     "contradicted" if all(v == "contradicted" for v in collapse.values()) else
     "mixed: " + "; ".join(f"{k}: {v}" for k, v in collapse.items())
 )  # fmt: skip
-cv_none = mean_over_layers("fbt_reg-none", "kappa_{l}_cv")
 viz.markdown(
     "**P3.** Change of the mean metric strength over training, $\\log_{10}(\\bar\\kappa_\\text{final} / "
     "\\bar\\kappa_\\text{init})$: "
-    + "; ".join(f"{lab}: {ci_str(ratios[lab], 2)}" for lab in p3)
+    + "; ".join(f"{lab}: {ratios[lab].format(2, signed=True)}" for lab in p3)
     + f". Collapse ($U \\to 0$, a negative change) without the geometric regularisers is "
     f"**{VERDICTS['P3']}**. Without them the metric is also far from homogeneous "
-    f"(coefficient of variation of $\\kappa_t$ over tokens {fmt_ci(cv_none, 2)}), and that model's bits "
-    f"per character differ from the dot-product model's by {ci_str(paired('fbt_reg-none', 'dot', 'val_bpc'))} "
-    f"(the capped default: {ci_str(paired('fbt', 'dot', 'val_bpc'))})."
+    f"(coefficient of variation of $\\kappa_t$ over tokens "
+    f"{runs.layer_interval('fbt_reg-none', 'kappa_{l}_cv').format(2)}), and that model's bits "
+    f"per character differ from the dot-product model's by "
+    f"{paired('fbt_reg-none', 'dot', 'val_bpc').format(signed=True)} "
+    f"(the capped default: {paired('fbt', 'dot', 'val_bpc').format(signed=True)})."
 )
 
 # %% [markdown]
@@ -494,13 +380,12 @@ viz.markdown(
 # under the trained model. $\kappa_t$ is averaged over the heads of a block.
 
 # %%
-types = fb.TYPE_NAMES
 fig = make_subplots(
     rows=1, cols=n_layers, subplot_titles=[f"block {l}" for l in range(1, n_layers + 1)]
 )
+tok = runs.tokens("fbt")
 for l in range(1, n_layers + 1):
-    tok = pd.concat([pd.DataFrame(full[("fbt", s)]["tokens"]) for s in seeds], ignore_index=True)
-    for code, name in enumerate(types):
+    for code, name in enumerate(TYPE_NAMES):
         vals = tok.loc[tok["type"] == code, f"kappa_{l}"].to_numpy()
         if len(vals):
             fig.add_trace(go.Box(y=vals, name=name, showlegend=False, boxpoints=False,
@@ -514,40 +399,19 @@ fig.update_layout(
 viz.show(fig)
 print("command:", COMMAND)
 
-p4_rows = []
-for model, label in (("fbt", "default (capped)"), ("fbt_reg-none", "no regulariser")):
-    for l in range(1, n_layers + 1):
-        scale = per_seed(model, f"kappa_{l}_mean")  # differences relative to the mean kappa
-
-        def rel(column: str, model: str = model, scale: np.ndarray = scale) -> np.ndarray:
-            return per_seed(model, column) / scale
-
-        ini, inn = rel(f"kappa_{l}_word_initial"), rel(f"kappa_{l}_word_internal")
-        p4_rows.append({
-            "model": label,
-            "block": l,
-            "CV of kappa_t": fmt_ci(per_seed(model, f"kappa_{l}_cv"), 3),
-            "(initial - internal) / mean": ci_str(mean_ci(ini - inn), 3),
-            "(letters - space) / mean": ci_str(mean_ci((ini + inn) / 2 - rel(f"kappa_{l}_space")), 3),
-            "(punct - letters) / mean": ci_str(mean_ci(rel(f"kappa_{l}_punct") - (ini + inn) / 2), 3),
-            "Spearman(kappa, surprisal)": fmt_ci(per_seed(model, f"kappa_{l}_spearman_surprisal"), 3),
-        })  # fmt: skip
-display(pd.DataFrame(p4_rows).set_index(["model", "block"]))
-cv = mean_over_layers("fbt", "kappa_{l}_cv")
-rho = mean_ci(mean_over_layers("fbt", "kappa_{l}_spearman_surprisal"))
-hetero = mean_ci(cv)
-het_verdict = (
-    "supported" if not math.isnan(hetero[1]) and hetero[1] > 0.1 else "inconclusive at this scale"
-)
+display(runs.kappa_by_type({"fbt": "default (capped)", "fbt_reg-none": "no regulariser"}))
+hetero = runs.layer_interval("fbt", "kappa_{l}_cv")
+rho = runs.layer_interval("fbt", "kappa_{l}_spearman_surprisal")
+het_verdict = "supported" if hetero.resolved and hetero.low > 0.1 else "inconclusive at this scale"
 VERDICTS["P4"] = f"heterogeneity {het_verdict}; correlation with surprisal {verdict(rho)}"
 viz.markdown(
     f"**P4.** The trained curvatures vary across tokens: the coefficient of variation of $\\kappa_t$ "
-    f"(mean over blocks) is {fmt_ci(cv, 3)}, where we call heterogeneous a CV above 0.1 "
+    f"(mean over blocks) is {hetero.format(3)}, where we call heterogeneous a CV above 0.1 "
     f"(note that the regularisers hold $\\kappa_t$ in a band of a factor 2). Their rank correlation with "
-    f"the surprisal of the character is {ci_str(rho)}. Prediction P4: **{VERDICTS['P4']}**. "
+    f"the surprisal of the character is {rho.format(signed=True)}. Prediction P4: **{VERDICTS['P4']}**. "
     f"For the model trained without regulariser, where nothing holds $\\kappa_t$ in a band, the CV is "
-    f"{fmt_ci(mean_over_layers('fbt_reg-none', 'kappa_{l}_cv'), 3)} and the rank correlation with surprisal "
-    f"{ci_str(mean_ci(mean_over_layers('fbt_reg-none', 'kappa_{l}_spearman_surprisal')))}. "
+    f"{runs.layer_interval('fbt_reg-none', 'kappa_{l}_cv').format(3)} and the rank correlation with "
+    f"surprisal {runs.layer_interval('fbt_reg-none', 'kappa_{l}_spearman_surprisal').format(signed=True)}. "
     "The token-type differences are in the table, relative to the mean $\\kappa$; a positive "
     "word-initial minus word-internal difference is what 'more curvature where prediction is "
     "harder' would look like."
@@ -565,7 +429,7 @@ viz.markdown(
 
 # %%
 layers_x = list(range(0, n_layers + 1))
-er = {name: np.array([[full[(name, s)][f"erank_{l}"] for l in layers_x] for s in seeds])
+er = {name: np.array([[runs.cells[(name, s)][f"erank_{l}"] for l in layers_x] for s in seeds])
       for name in ("dot", "fbt", "fbt_reg-none")}  # fmt: skip
 fig = viz.line_band(layers_x, {"dot product": er["dot"], "Fiber Bundle (capped at tau/L)": er["fbt"],
                                "Fiber Bundle (no regulariser)": er["fbt_reg-none"]},
@@ -582,11 +446,11 @@ VERDICTS["P5"] = (
 )
 viz.markdown(
     f"**P5.** Effective rank of the last block (of at most {min(seq_len, dim)}): dot product "
-    f"{fmt_ci(per_seed('dot', f'erank_{LAST}'), 2)}, Fiber Bundle capped at $\\tau/L$ "
-    f"{fmt_ci(per_seed('fbt', f'erank_{LAST}'), 2)} (paired difference {ci_str(p5, 2)}), Fiber Bundle "
-    f"without regulariser {fmt_ci(per_seed('fbt_reg-none', f'erank_{LAST}'), 2)} (difference "
-    f"{ci_str(p5_free, 2)}): **{VERDICTS['P5']}**. Effective rank is not quality by itself; the "
-    "bits per character of both are in the overview table."
+    f"{runs.interval('dot', f'erank_{LAST}').format(2)}, Fiber Bundle capped at $\\tau/L$ "
+    f"{runs.interval('fbt', f'erank_{LAST}').format(2)} (paired difference {p5.format(2, signed=True)}), "
+    f"Fiber Bundle without regulariser {runs.interval('fbt_reg-none', f'erank_{LAST}').format(2)} "
+    f"(difference {p5_free.format(2, signed=True)}): **{VERDICTS['P5']}**. Effective rank is not "
+    "quality by itself; the bits per character of both are in the overview table."
 )
 
 # %% [markdown]
@@ -599,24 +463,16 @@ viz.markdown(
 # %%
 p6_names = {r: ("fbt" if r == 4 else f"fbt_rank-{r}") for r in ranks}
 p6_names = {r: n for r, n in p6_names.items() if n in grid}
+columns = (f"erank_{LAST}", "val_bpc", "train_time_s")
 fig = make_subplots(
     rows=1,
     cols=3,
     subplot_titles=(f"effective rank, block {LAST}", "validation bpc", "training time (s)"),
 )
-for col, column in enumerate((f"erank_{LAST}", "val_bpc", "train_time_s"), start=1):
-    ms, errs = [], []
-    for _r, n in p6_names.items():
-        m, lo, hi = mean_ci(per_seed(n, column))
-        ms.append(m)
-        errs.append(0.0 if math.isnan(hi) else hi - m)
-    fig.add_trace(go.Scatter(x=list(p6_names), y=ms, error_y={"type": "data", "array": errs},
-                             mode="lines+markers", name="Fiber Bundle", showlegend=col == 1,
-                             line={"color": viz.COLORS[0]}), row=1, col=col)  # fmt: skip
-    dm = float(per_seed("dot", column).mean())
-    fig.add_trace(go.Scatter(x=[min(p6_names), max(p6_names)], y=[dm, dm], mode="lines",
-                             name="dot product (mean)", showlegend=col == 1,
-                             line={"dash": "dash", "color": viz.COLORS[1]}), row=1, col=col)  # fmt: skip
+for col, column in enumerate(columns, start=1):
+    with_interval(fig, {n: per_seed(n, column) for n in p6_names.values()}, list(p6_names),
+                  "Fiber Bundle", viz.COLORS[0], col, legend=col == 1)  # fmt: skip
+    reference_line(fig, list(p6_names), float(per_seed("dot", column).mean()), col)
 fig.update_xaxes(type="log", title_text="metric rank r")
 fig.update_layout(title="P6: metric rank ablation", height=440, margin={"t": 110})
 viz.show(fig)
@@ -626,9 +482,9 @@ p6 = paired(p6_names[r_hi], p6_names[r_lo], f"erank_{LAST}")
 p6_bpc = paired(p6_names[r_hi], p6_names[r_lo], "val_bpc")
 VERDICTS["P6"] = verdict(p6)
 viz.markdown(
-    f"**P6.** From $r = {r_lo}$ to $r = {r_hi}$ the last block's effective rank changes by {ci_str(p6, 2)} "
-    f"and bits per character by {ci_str(p6_bpc)}. The predicted increase of rank with $r$ is "
-    f"**{VERDICTS['P6']}**."
+    f"**P6.** From $r = {r_lo}$ to $r = {r_hi}$ the last block's effective rank changes by "
+    f"{p6.format(2, signed=True)} and bits per character by {p6_bpc.format(signed=True)}. The "
+    f"predicted increase of rank with $r$ is **{VERDICTS['P6']}**."
 )
 
 # %% [markdown]
@@ -639,13 +495,10 @@ viz.markdown(
 # measures both on the same trained $\Delta_t$ (mean over tokens of $\lVert P^\top P - I\rVert_F$).
 
 # %%
-iso = {kind: [np.mean([fb.history_frame(full[("fbt", s)])[f"fiber_bundle/l{l}/iso_{kind}"].iloc[-1]
-                       for l in range(n_layers)]) for s in seeds] for kind in ("linear", "cayley")}  # fmt: skip
-dfro = [np.mean([fb.history_frame(full[("fbt", s)])[f"fiber_bundle/l{l}/delta_fro"].iloc[-1]
-                 for l in range(n_layers)]) for s in seeds]  # fmt: skip
-assert max(iso["cayley"]) < 1e-6, "the Cayley transport must be orthogonal to rounding"
-delta_mean = float(np.mean(dfro))
-if delta_mean < 0.3:
+iso = {kind: runs.last_logged("fbt", f"iso_{kind}") for kind in ("linear", "cayley")}
+dfro = runs.last_logged("fbt", "delta_fro")
+assert iso["cayley"].max() < 1e-6, "the Cayley transport must be orthogonal to rounding"
+if float(np.mean(dfro)) < 0.3:
     iso_text = (
         "The transport the models learn is small, so the linear form's defect, second order in "
         "$\\lVert\\Delta\\rVert$, is negligible here."
@@ -657,9 +510,10 @@ else:
         "only the Cayley form deserves the name of a metric-preserving transport at this size."
     )
 viz.markdown(
-    f"After training, $\\lVert\\Delta_t\\rVert_F$ = {fmt_ci(np.array(dfro), 3)} and the isometry error "
-    f"$\\lVert P^\\top P - I\\rVert_F$ is {fmt_ci(np.array(iso['linear']), 3)} for $P = I + \\Delta$ "
-    f"against {max(iso['cayley']):.1e} (at most) for the Cayley form. " + iso_text
+    f"After training, $\\lVert\\Delta_t\\rVert_F$ = {mean_interval(dfro).format(3)} and the isometry "
+    f"error $\\lVert P^\\top P - I\\rVert_F$ is {mean_interval(iso['linear']).format(3)} for "
+    f"$P = I + \\Delta$ against {iso['cayley'].max():.1e} (at most) for the Cayley form. "
+    + iso_text
 )
 
 # %% [markdown]
@@ -668,46 +522,12 @@ viz.markdown(
 # Wall times of separate runs on a shared machine mix the model's cost with the machine's load.
 # Here one forward and one forward+backward of each model on the same batch are timed in one
 # process, interleaved, with the median ratio to the dot-product model
-# (`attention_atlas.bench.compare`): the default model, the metric ranks of P6, and the default
-# with each phase switched off alone.
+# (`fiber_bundle.step_cost`, through `attention_atlas.bench.compare`): the default model, the
+# metric ranks of P6, and the default with each phase switched off alone.
 
 # %%
-import torch
-
-from attention_atlas.bench import compare
-from attention_atlas.models import ModelConfig
-
-threads_before = torch.get_num_threads()
-torch.set_num_threads(1)  # as in the training runs
-base = {"vocab_size": 50, "dim": dim, "n_layers": n_layers, "n_heads": n_heads, "max_len": seq_len}
-variants: dict[str, ModelConfig] = {"dot": ModelConfig(**base), "fbt": fb.FiberBundleConfig(**base)}
-for r in ranks:
-    if r != 4:
-        variants[f"fbt_rank-{r}"] = fb.FiberBundleConfig(**base, rank=r)
-for ph in fb.PHASES:
-    variants[f"fbt_no-{ph}"] = fb.FiberBundleConfig(**base, **{f"phase_{ph}": False})
-variants["fbt_cayley"] = fb.FiberBundleConfig(**base, transport_kind="cayley")
-torch.manual_seed(0)
-x_bench = torch.randint(0, 50, (batch_size, seq_len))
-
-
-def step_fn(model: torch.nn.Module):
-    def fn(x):
-        return model(x).logits
-
-    fn.bench_params = [q for q in model.parameters() if q.requires_grad]
-    return fn
-
-
-fns = {name: step_fn(cfg.build()) for name, cfg in variants.items()}
-timing = compare(fns, "dot", (x_bench,), reps=time_reps, warmup=1, memory=False)
-torch.set_num_threads(threads_before)
-cost = pd.DataFrame(
-    {name: {"forward ratio": r["forward"]["ratio_median"],
-            "forward+backward ratio": r["forward_backward"]["ratio_median"],
-            "forward+backward ms": 1e3 * r["forward_backward"]["median_s"]}
-     for name, r in timing["results"].items()}
-).T  # fmt: skip
+cost = fb.step_cost(dim=dim, n_layers=n_layers, n_heads=n_heads, seq_len=seq_len,
+                    batch_size=batch_size, ranks=ranks, reps=time_reps)  # fmt: skip
 display(cost.round(2))
 fig = go.Figure(go.Bar(x=list(cost.index), y=cost["forward+backward ratio"]))
 fig.update_layout(title="Forward+backward time relative to the dot-product model (median, interleaved)",
@@ -715,7 +535,7 @@ fig.update_layout(title="Forward+backward time relative to the dot-product model
 viz.show(fig)
 PHASE_LABEL = {"a": "A", "a_plus": "A++", "b": "B", "c": "C", "d": "D", "e": "E"}
 saved = {ph: 1 - cost.loc[f"fbt_no-{ph}", "forward+backward ratio"] / cost.loc["fbt", "forward+backward ratio"]
-         for ph in fb.PHASES}  # fmt: skip
+         for ph in PHASES}  # fmt: skip
 viz.markdown(
     f"One training step of the default Fiber Bundle Transformer costs "
     f"{cost.loc['fbt', 'forward+backward ratio']:.1f} times the dot-product model's at this size. "
@@ -739,7 +559,7 @@ display(summary.set_index("prediction"))
 elapsed = time.perf_counter() - t_chapter
 compute = float(df["cell_seconds"].sum())
 viz.markdown(
-    f"All numbers come from {len(cells)} training runs ({len(grid)} configurations x {len(seeds)} seeds) of "
+    f"All numbers come from {len(df)} training runs ({len(grid)} configurations x {len(seeds)} seeds) of "
     f"{steps} steps on {batch_size} x {seq_len} characters, width {dim}, {n_layers} blocks, {n_heads} heads. "
     f"The runs took {compute:.0f} s of wall time when they were made (training, evaluation and "
     f"measurements, on this machine as loaded then); this execution of the chapter took {elapsed:.0f} s "

@@ -13,11 +13,17 @@ Which attention each layer uses is set by ``ModelConfig.attention`` (+ ``attenti
 or per layer by ``ModelConfig.layers``; a layer spec ``{"name": "mixed", "groups": [...]}`` splits
 that layer's heads among variants (:class:`MixedHeadAttention`), so a variant can be used in
 some heads only.
+
+The Fiber Bundle Transformer (Song 2026, Section 5) is the same model with
+:class:`~attention_atlas.attention.riemannian.RiemannianAttention` (phases A to D switched on,
+:class:`FiberBundleConfig`) and Phase E in each block (:class:`FiberBundleBlock`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,16 +34,25 @@ from torch import Tensor, nn
 from .attention.base import Attention, AttentionResult
 from .attention.mixed import MixedHeadAttention
 from .attention.registry import build_attention
+from .attention.riemannian import RiemannianAttention, metric_preconditioned_update
 
 __all__ = [
     "MLP",
+    "PHASES",
     "Block",
+    "FiberBundleBlock",
+    "FiberBundleConfig",
+    "FiberBundleTransformer",
     "MixedHeadAttention",
     "ModelConfig",
     "ModelOutput",
     "Transformer",
     "attention_modules",
+    "evaluated_at_alpha",
+    "fbt_attentions",
+    "metric_factors",
     "param_counts",
+    "set_alpha",
 ]
 
 
@@ -95,7 +110,7 @@ class ModelConfig:
 
     def build(self) -> Transformer:
         """The model this config describes (a config subclass may build a Transformer subclass,
-        e.g. :class:`attention_atlas.fiber_bundle.FiberBundleConfig`); ``train`` calls this."""
+        e.g. :class:`FiberBundleConfig`); ``train`` calls this."""
         return Transformer(self)
 
 
@@ -287,3 +302,162 @@ def param_counts(model: nn.Module) -> dict[str, int]:
         "attention": count(p for m in mods for p in m.parameters()),
         "metric": count(p for m in mods for p in m.metric_parameters()),
     }
+
+
+# ----------------------------------------------------------------------------------------
+# the Fiber Bundle Transformer (Song 2026, Section 5)
+# ----------------------------------------------------------------------------------------
+
+#: the switchable phases: A MetricNet, A++ metric-aware projection, B curvature proxy,
+#: C torsion, D geodesic scores and transport, E metric-preconditioned feed-forward update
+PHASES = ("a", "a_plus", "b", "c", "d", "e")
+
+
+@dataclass
+class FiberBundleConfig(ModelConfig):
+    """A :class:`ModelConfig` for the Fiber Bundle Transformer; ``attention`` and
+    ``attention_options`` are derived from the fields below (do not set them).
+
+    Each block composes the phases on the residual stream; the geometry ``(U_t, P_t, T_t)`` is
+    made afresh in every block from ``h = LayerNorm(x)`` (see
+    :class:`~attention_atlas.attention.riemannian.RiemannianAttention` for phases A to D).
+    """
+
+    rank: int = 4  # metric rank r (U_t is d x r per head)
+    tau: float | None = None  # temperature (default sqrt(2 d), equal to dot-product scale at U = 0)
+    alpha: float = 1.0  # hybrid blending, eq. (27): 0 = baseline only, 1 = fully Riemannian
+    blend_baseline: str = "distance"  # "distance" (Section 5.8 remark) or "dot" (eq. (27))
+    metric_expansion: float = 1.0  # MetricNet hidden width m * D
+    metric_init_std: float = 0.02  # MetricNet last-layer scale: U ~ 0 at initialisation
+    transport_rank: int = 2  # rank of the transport factors A_t, B_t (Phase D)
+    transport_kind: str = "linear"  # "linear" P = I + Delta, or "cayley" (exactly orthogonal)
+    torsion_rank: int = 2  # rank of the torsion factors L_t, R_t (Phase C)
+    method: str = "decomposed"  # materialised eq. (16) scores, or a geodesic_attention method
+    phase_a: bool = True  # MetricNet (off: U = 0)
+    phase_a_plus: bool = True  # metric-aware projection of q, k
+    phase_b: bool = True  # curvature proxy in the scores
+    phase_c: bool = True  # torsion in the transport
+    phase_d: bool = True  # geodesic scores and transport
+    phase_e: bool = True  # metric-preconditioned feed-forward update
+
+    def __post_init__(self) -> None:
+        if self.transport_kind not in ("linear", "cayley"):
+            raise ValueError(
+                f"transport_kind must be 'linear' or 'cayley', got {self.transport_kind!r}"
+            )
+        if self.blend_baseline not in ("distance", "dot"):
+            raise ValueError(
+                f"blend_baseline must be 'distance' or 'dot', got {self.blend_baseline!r}"
+            )
+        self.attention = "fiber_bundle"
+        self.layers = None
+        self.attention_options = {
+            "rank": self.rank,
+            "tau": self.tau,
+            "alpha": self.alpha,
+            "baseline": self.blend_baseline,
+            "metric_expansion": self.metric_expansion,
+            "metric_init_std": self.metric_init_std,
+            "curvature": self.phase_b,
+            "metric_projection": self.phase_a_plus,
+            "transport_rank": self.transport_rank if self.phase_d else 0,
+            "transport_kind": self.transport_kind,
+            "torsion_rank": self.torsion_rank if self.phase_c else 0,
+            "method": self.method,
+            "metric": self.phase_a,
+            "geodesic": self.phase_d,
+        }
+        super().__post_init__()
+
+    def phases(self) -> dict[str, bool]:
+        return {p: bool(getattr(self, f"phase_{p}")) for p in PHASES}
+
+    def build(self) -> FiberBundleTransformer:
+        return FiberBundleTransformer(self)
+
+
+class FiberBundleBlock(nn.Module):
+    """Pre-norm block with Phase E: ``x + attn(ln(x))`` then ``x + g^{-1} mlp(ln(x))`` (eq. (26)).
+
+    ``g_t`` is block diagonal over heads, block ``h`` being ``I + U_{t,h} U_{t,h}^T`` of this
+    block's attention, so ``g_t^{-1}`` is one ``r x r`` Woodbury solve per head and token.
+    Built from a standard :class:`Block` (same modules, same init).
+    """
+
+    def __init__(self, block: Block, precondition: bool) -> None:
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2, self.mlp = block.ln_1, block.attn, block.ln_2, block.mlp
+        self.precondition = bool(precondition)
+
+    def forward(
+        self, x: Tensor, *, causal: bool, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, AttentionResult]:
+        res = self.attn(self.ln_1(x), causal=causal, mask=mask, need_weights=need_weights)
+        x = x + res.out  # (B, L, D)
+        m = self.mlp(self.ln_2(x))  # (B, L, D)
+        if not (self.precondition and "metric_factor" in res.extras):
+            return x + m, res
+        U = res.extras["metric_factor"]  # (B, H, L, d, r)
+        b, h, seq, d, _ = U.shape
+        if h * d != m.shape[-1]:
+            raise ValueError(
+                f"Phase E needs n_heads * head_dim = dim, got {h} * {d} != {m.shape[-1]}"
+            )
+        Ut = U.permute(0, 2, 1, 3, 4)  # (B, L, H, d, r)
+        heads = (b, seq, h, d)
+        return metric_preconditioned_update(x.view(heads), Ut, m.view(heads)).view(x.shape), res
+
+
+class FiberBundleTransformer(Transformer):
+    """The :class:`Transformer` with :class:`FiberBundleBlock`s.
+
+    ``train_step`` (a buffer, saved in checkpoints) counts training-mode forward passes, i.e.
+    optimiser steps under :func:`attention_atlas.train.train`; the regulariser schedule reads it.
+    """
+
+    train_step: Tensor
+
+    def __init__(self, cfg: FiberBundleConfig) -> None:
+        if not isinstance(cfg, FiberBundleConfig):
+            raise TypeError(
+                f"FiberBundleTransformer needs a FiberBundleConfig, got {type(cfg).__name__}"
+            )
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList([FiberBundleBlock(b, cfg.phase_e) for b in self.blocks])  # type: ignore[arg-type]
+        self.register_buffer("train_step", torch.zeros((), dtype=torch.int64))
+
+    def forward(
+        self, inputs: Tensor, *, need_weights: bool = False, mask: Tensor | None = None
+    ) -> ModelOutput:
+        if self.training and torch.is_grad_enabled():
+            self.train_step.add_(1)
+        return super().forward(inputs, need_weights=need_weights, mask=mask)
+
+
+def fbt_attentions(model: nn.Module) -> list[RiemannianAttention]:
+    """The Riemannian (Fiber Bundle) attention of each layer."""
+    return [m for m in attention_modules(model) if isinstance(m, RiemannianAttention)]
+
+
+def metric_factors(output: ModelOutput) -> list[Tensor]:
+    """``U (B, H, L, d, r)`` of every layer that has one, from a forward's :class:`ModelOutput`."""
+    return [r.extras["metric_factor"] for r in output.attentions if "metric_factor" in r.extras]
+
+
+def set_alpha(model: nn.Module, alpha: float) -> None:
+    """Set the blending coefficient of every Fiber Bundle (or Riemannian) attention layer."""
+    for m in fbt_attentions(model):
+        m.alpha = float(alpha)
+
+
+@contextmanager
+def evaluated_at_alpha(model: nn.Module, alpha: float) -> Iterator[None]:
+    """Temporarily evaluate ``model`` at another blending ``alpha`` (prediction P2)."""
+    mods = fbt_attentions(model)
+    before = [m.alpha for m in mods]
+    try:
+        set_alpha(model, alpha)
+        yield
+    finally:
+        for m, a in zip(mods, before):
+            m.alpha = a

@@ -58,7 +58,7 @@ VARIANTS: dict[str, str] = {
     "matroidal": "attention_atlas.attention.matroidal:MatroidalAttention",
     "mahalanobis": "attention_atlas.attention.matroidal:MahalanobisAttention",
     "riemannian": "attention_atlas.attention.riemannian:RiemannianAttention",
-    "fiber_bundle": "attention_atlas.fiber_bundle:FiberBundleAttention",
+    "fiber_bundle": "attention_atlas.attention.riemannian:FiberBundleAttention",
     "ssm": "attention_atlas.attention.sma.module:SSMAttention",
     "mixed": "attention_atlas.attention.mixed:MixedHeadAttention",
 }
@@ -69,14 +69,17 @@ VARIANTS: dict[str, str] = {
 #: ``need_weights=True`` so that ``output.attentions[l].probs`` exist.
 REGULARIZERS: dict[str, tuple[str, bool]] = {
     "cofactor": ("attention_atlas.cofactor.penalty:regularizer", True),
-    "fiber_bundle": ("attention_atlas.fiber_bundle:fiber_bundle_regularizer", False),
+    "fiber_bundle": (
+        "attention_atlas.attention.riemannian.regularizers:fiber_bundle_regularizer",
+        False,
+    ),
 }
 
 #: diagnostic name -> "module:function"; ``fn(model, output, batch, **options) -> dict[str,
 #: float]``, called at each log step (eval mode, no grad) with ``need_weights=True``.
 DIAGNOSTICS: dict[str, str] = {
     "cofactor": "attention_atlas.cofactor.diagnostics:diagnostic",
-    "fiber_bundle": "attention_atlas.fiber_bundle:fiber_bundle_diagnostic",
+    "fiber_bundle": "attention_atlas.attention.riemannian.diagnostics:fiber_bundle_diagnostic",
 }
 
 Regularizer = Callable[..., "Tensor"]

@@ -20,7 +20,7 @@ __all__ = ["EXPERIMENTS", "experiment"]
 #: experiment name (as on the command line) -> module
 EXPERIMENTS: dict[str, str] = {
     "cofactor": "attention_atlas.experiments.cofactor",
-    "fiber-bundle": "attention_atlas.fiber_bundle",
+    "fiber-bundle": "attention_atlas.experiments.fiber_bundle",
     "matroidal": "attention_atlas.experiments.matroidal",
     "rank-collapse": "attention_atlas.experiments.rank_collapse",
     "ssd-scaling": "attention_atlas.experiments.ssd_scaling",

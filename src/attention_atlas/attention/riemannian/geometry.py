@@ -1,0 +1,137 @@
+"""The phase operators of the Fiber Bundle Transformer (Song 2026, Section 5), eqs. (20) to (26).
+
+Each works per token on low-rank factors ``(..., d, r)`` without forming ``d x d`` matrices
+(the ``*_dense`` forms are the references they are tested against):
+
+* metric strength ``kappa_t = |U_t|_F^2`` and the curvature proxy ``Omega_t = softplus(beta) kappa_t``
+  (Phase B, eq. (21));
+* metric-aware projection ``q + gamma / sqrt(d) U U^T q`` (Phase A++, eq. (20));
+* torsion ``T = L R^T - R L^T`` (Phase C, eq. (22));
+* transport ``P = I + Delta``, ``Delta = A B^T - B A^T`` (Phase D, eq. (24)), its isometry defect
+  ``|P^T P - I|_F`` (eq. (25)) and the exactly orthogonal Cayley form;
+* the metric-preconditioned update ``h + g^{-1} update`` (Phase E, eq. (26)), by Woodbury.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...linalg import metric_inverse_apply
+
+__all__ = [
+    "cayley_transport_apply",
+    "curvature_proxy",
+    "isometry_defect",
+    "metric_aware_projection",
+    "metric_preconditioned_update",
+    "metric_strength",
+    "torsion_apply",
+    "torsion_dense",
+    "transport_apply",
+    "transport_dense",
+]
+
+
+def metric_strength(U: Tensor) -> Tensor:
+    """``kappa_t = ||U_t||_F^2`` (the paper's metric strength): ``(..., d, r)`` -> ``(...)``."""
+    return (U * U).sum((-1, -2))
+
+
+def curvature_proxy(U: Tensor, beta: Tensor | float) -> Tensor:
+    """Curvature proxy ``Omega_t = softplus(beta) ||U_t||_F^2`` (eq. (21)): ``(..., d, r)`` -> ``(...)``."""
+    beta_t = torch.as_tensor(beta, dtype=U.dtype, device=U.device)
+    return F.softplus(beta_t) * metric_strength(U)
+
+
+def metric_aware_projection(q: Tensor, U: Tensor, gamma: Tensor | float) -> Tensor:
+    """Phase A++, eq. (20): ``q + gamma / sqrt(d) * U U^T q`` for ``q (..., d)``, ``U (..., d, r)``.
+
+    (The extracted text of eq. (20) reads ``gamma . 1 d``; we take the lost radical as
+    ``1 / sqrt(d)``, like the paper's other scalings.) ``gamma`` is the gate, already squashed.
+    """
+    uq = U.transpose(-1, -2) @ q.unsqueeze(-1)  # (..., r, 1)
+    return q + gamma / math.sqrt(q.shape[-1]) * (U @ uq).squeeze(-1)
+
+
+def torsion_apply(left: Tensor, right: Tensor, x: Tensor) -> Tensor:
+    """``T x`` with ``T = L R^T - R L^T`` (eq. (22)), ``O(d r_T)``: ``left, right (..., d, r_T)``, ``x (..., d)``."""
+    lx = left.transpose(-1, -2) @ x.unsqueeze(-1)  # L^T x
+    rx = right.transpose(-1, -2) @ x.unsqueeze(-1)  # R^T x
+    return (left @ rx - right @ lx).squeeze(-1)
+
+
+def torsion_dense(left: Tensor, right: Tensor) -> Tensor:
+    """Dense antisymmetric ``T = L R^T - R L^T`` (eq. (22)), ``(..., d, d)``."""
+    return left @ right.transpose(-1, -2) - right @ left.transpose(-1, -2)
+
+
+def transport_dense(a: Tensor, b: Tensor, kind: str = "linear") -> Tensor:
+    """Dense transport: ``P = I + Delta`` (eq. (24)) or the Cayley form
+    ``(I - Delta/2)^{-1} (I + Delta/2)``, ``Delta = A B^T - B A^T``. ``(..., d, d)``."""
+    delta = torsion_dense(a, b)
+    eye = torch.eye(a.shape[-2], dtype=a.dtype, device=a.device)
+    if kind == "linear":
+        return eye + delta
+    if kind == "cayley":
+        return torch.linalg.solve(eye - delta / 2, eye + delta / 2)
+    raise ValueError(f"kind must be 'linear' or 'cayley', got {kind!r}")
+
+
+def transport_apply(a: Tensor, b: Tensor, x: Tensor) -> Tensor:
+    """``P x = x + Delta x`` with ``Delta = A B^T - B A^T`` (eq. (24)), ``O(d r)``."""
+    return x + torsion_apply(a, b, x)
+
+
+def _symplectic(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``W = [A, B] (..., d, 2r)`` and ``J = [[0, I], [-I, 0]]`` with ``Delta = W J W^T``."""
+    r = a.shape[-1]
+    w = torch.cat([a, b], dim=-1)  # (..., d, 2r)
+    zero = torch.zeros(r, r, dtype=a.dtype, device=a.device)
+    eye = torch.eye(r, dtype=a.dtype, device=a.device)
+    j = torch.cat([torch.cat([zero, eye], 1), torch.cat([-eye, zero], 1)], 0)
+    return w, j
+
+
+def cayley_transport_apply(a: Tensor, b: Tensor, x: Tensor) -> Tensor:
+    """Exactly orthogonal transport ``(I - Delta/2)^{-1} (I + Delta/2) x`` in ``O(d r^2)``.
+
+    ``Delta = W J W^T`` with ``W = [A, B] (d, 2r)`` and ``J = [[0, I], [-I, 0]]``; Woodbury gives
+    ``(I - W J W^T / 2)^{-1} = I - W (2 J + W^T W)^{-1} W^T`` (a ``2r x 2r`` solve per token).
+    ``a, b (..., d, r)``, ``x (..., d)`` -> ``(..., d)``.
+    """
+    y = x + 0.5 * torsion_apply(a, b, x)
+    r = a.shape[-1]
+    w, j = _symplectic(a, b)
+    cap = 2 * j + w.transpose(-1, -2) @ w  # (..., 2r, 2r)
+    wy = w.transpose(-1, -2) @ y.unsqueeze(-1)
+    shape = torch.broadcast_shapes(cap.shape[:-2], wy.shape[:-2])
+    coef = torch.linalg.solve(cap.expand(*shape, 2 * r, 2 * r), wy.expand(*shape, 2 * r, 1))
+    return y - (w @ coef).squeeze(-1)
+
+
+def isometry_defect(a: Tensor, b: Tensor) -> Tensor:
+    """``||P^T P - I||_F = ||Delta^T Delta||_F`` for ``P = I + Delta`` (eq. (25)), low rank.
+
+    With ``Delta = W J W^T`` and ``G = W^T W``: ``Delta^T Delta = W K W^T``, ``K = -J G J``, so
+    ``||Delta^T Delta||_F^2 = tr(K G K G)``; ``O(d r^2)``, no ``d x d`` matrix. Note that for an
+    antisymmetric ``Delta`` this is at most ``||Delta||_F^2 / sqrt(2)``, not equal to
+    ``||Delta||_F^2`` as eq. (25)'s text says (singular values of ``Delta`` come in pairs).
+    ``a, b (..., d, r)`` -> ``(...)``.
+    """
+    w, j = _symplectic(a, b)
+    g = w.transpose(-1, -2) @ w
+    kmat = -(j @ g @ j)
+    kg = kmat @ g
+    return torch.sqrt((kg * kg.transpose(-1, -2)).sum((-1, -2)).clamp_min(0))
+
+
+def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor:
+    """Phase E, eq. (26): ``h + g^{-1} update`` with ``g = I + U U^T`` by Woodbury, ``O(d r^2)``.
+
+    ``h, update (..., d)``, ``U (..., d, r)``.
+    """
+    return h + metric_inverse_apply(U, update)

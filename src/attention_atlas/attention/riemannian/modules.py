@@ -1,0 +1,361 @@
+"""The modules of Riemannian attention: factor networks for each phase, and
+:class:`RiemannianAttention`, multi-head geodesic attention with every phase of the Fiber Bundle
+Transformer (Song 2026, Section 5) behind a switch.
+
+* :class:`MetricNet` (Phase A, eq. (19)): ``U_t (d, r)`` per token and head from the hidden state.
+* :class:`MetricAwareProjection` (Phase A++, eq. (20)), gated.
+* :class:`CurvatureProxy` (Phase B, eq. (21)), a learned scale of ``|U_t|_F^2``.
+* :class:`TorsionNet` (Phase C, eq. (22)): the factors of ``T_t = L R^T - R L^T``.
+* :class:`FiberTransport` (Phase D, eq. (24)): the factors of ``Delta_t``, linear or Cayley.
+
+:class:`FiberBundleAttention` (registered ``"fiber_bundle"``) is :class:`RiemannianAttention`
+whose scores are materialised by eq. (16) by default; the Fiber Bundle Transformer
+(:class:`attention_atlas.models.FiberBundleConfig`) switches its phases on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import Attention, AttentionResult
+from ..dot import attention_from_logits
+from .diagnostics import metric_statistics
+from .fast import Method, geodesic_attention
+from .geometry import (
+    cayley_transport_apply,
+    curvature_proxy,
+    metric_aware_projection,
+    torsion_apply,
+    transport_apply,
+)
+from .scores import Baseline, blend_weights, geodesic_scores, geodesic_scores_decomposed
+
+__all__ = [
+    "CurvatureProxy",
+    "FiberBundleAttention",
+    "FiberTransport",
+    "MetricAwareProjection",
+    "MetricNet",
+    "RiemannianAttention",
+    "TorsionNet",
+]
+
+METHODS = ("auto", "augmented", "sdpa", "lowrank", "reference", "decomposed")
+
+
+class _HeadFactorNet(nn.Module):
+    """``Linear(D, D m) -> SiLU -> Linear(D m, n_factors H d r)``, final layer ~ N(0, std^2 / (D m))."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int,
+        n_factors: int,
+        expansion: float,
+        init_std: float,
+    ) -> None:
+        super().__init__()
+        if rank <= 0:
+            raise ValueError(f"rank must be positive, got {rank}")
+        hidden = max(1, int(round(dim * expansion)))
+        self.n_heads, self.head_dim, self.rank, self.n_factors = n_heads, head_dim, rank, n_factors
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, n_factors * n_heads * head_dim * rank)
+        nn.init.normal_(self.fc2.weight, std=init_std / math.sqrt(hidden))
+        nn.init.zeros_(self.fc2.bias)
+
+    def factors(self, x: Tensor) -> Tensor:
+        """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``."""
+        b, seq, _ = x.shape
+        y = self.fc2(F.silu(self.fc1(x)))
+        y = y.view(b, seq, self.n_factors, self.n_heads, self.head_dim, self.rank)
+        return y.permute(2, 0, 3, 1, 4, 5)
+
+
+class MetricNet(_HeadFactorNet):
+    """Phase A, eq. (19): per-token, per-head metric factors ``U_t = MetricNet(h_t)``.
+
+    ``Linear(D, D m) -> SiLU -> Linear(D m, H d r)``; the last layer starts at
+    ``N(0, init_std^2 / (D m))`` and zero bias, so ``U ~ 0`` and ``g ~ I`` at initialisation.
+
+    Args:
+        dim: hidden width D; n_heads: H; head_dim: d; rank: r; expansion: m; init_std: sigma.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int = 4,
+        expansion: float = 1.0,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__(dim, n_heads, head_dim, rank, 1, expansion, init_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (B, L, D)`` -> ``U (B, H, L, d, r)``."""
+        return self.factors(x)[0]
+
+
+class TorsionNet(_HeadFactorNet):
+    """Phase C, eq. (22): low-rank factors ``L_t, R_t`` of the torsion ``T_t = L R^T - R L^T``."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int = 2,
+        expansion: float = 1.0,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__(dim, n_heads, head_dim, rank, 2, expansion, init_std)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``x (B, L, D)`` -> ``(L_t, R_t)``, each ``(B, H, L, d, r_T)``."""
+        f = self.factors(x)
+        return f[0], f[1]
+
+
+class FiberTransport(_HeadFactorNet):
+    """Phase D transport ``P_t = I + Delta_t``, ``Delta_t = A_t B_t^T - B_t A_t^T`` (eq. (24)),
+    factors from the hidden state; ``kind="cayley"`` uses the exactly orthogonal Cayley form."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rank: int = 2,
+        expansion: float = 1.0,
+        init_std: float = 0.02,
+        kind: str = "linear",
+    ) -> None:
+        super().__init__(dim, n_heads, head_dim, rank, 2, expansion, init_std)
+        if kind not in ("linear", "cayley"):
+            raise ValueError(f"kind must be 'linear' or 'cayley', got {kind!r}")
+        self.kind = kind
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``x (B, L, D)`` -> ``(A_t, B_t)``, each ``(B, H, L, d, r)``."""
+        f = self.factors(x)
+        return f[0], f[1]
+
+    def apply_transport(self, a: Tensor, b: Tensor, y: Tensor) -> Tensor:
+        """``P_t y_t`` for ``y (B, H, L, d)``."""
+        if self.kind == "cayley":
+            return cayley_transport_apply(a, b, y)
+        return transport_apply(a, b, y)
+
+
+class CurvatureProxy(nn.Module):
+    """Phase B, eq. (21): ``Omega_t = softplus(beta) ||U_t||_F^2`` with a learned ``beta``."""
+
+    def __init__(self, beta_init: float = 0.0) -> None:
+        super().__init__()
+        self.beta = nn.Parameter(torch.tensor(float(beta_init)))
+
+    def forward(self, U: Tensor) -> Tensor:
+        """``U (..., d, r)`` -> ``(...)``."""
+        return curvature_proxy(U, self.beta)
+
+
+class MetricAwareProjection(nn.Module):
+    """Phase A++, eq. (20), gated: ``q + sigmoid(gamma_param) / sqrt(d) U U^T q``, ``gamma_param``
+    starts at -3 (``gamma ~ 0.047``)."""
+
+    def __init__(self, gamma_init: float = -3.0) -> None:
+        super().__init__()
+        self.gamma_param = nn.Parameter(torch.tensor(float(gamma_init)))
+
+    def forward(self, q: Tensor, U: Tensor) -> Tensor:
+        return metric_aware_projection(q, U, torch.sigmoid(self.gamma_param))
+
+
+class RiemannianAttention(Attention):
+    """Multi-head geodesic attention with per-token low-rank metrics from the hidden state, and
+    each phase of the Fiber Bundle Transformer behind a switch.
+
+    Each head computes ``U_t = MetricNet(x_t)`` (``(d, r)``) and attends with
+    ``softmax(-(d_g^2(q_i, k_j) + Omega_i + Omega_j) / tau) v`` (eqs. (6), (15), (23)), blended
+    with a baseline by ``alpha`` (eq. (27)), then transports each output (eq. (24)).
+
+    Args:
+        rank: metric rank r.
+        tau: temperature (default ``sqrt(2 * head_dim)``, as :class:`EuclideanAttention`, so that
+            at ``U = 0`` the two variants agree).
+        alpha, baseline: hybrid blending (eq. (27)); ``alpha=1`` is fully Riemannian.
+        metric_expansion, metric_init_std: MetricNet's ``m`` and initial scale.
+        curvature: Phase B, the curvature proxy (eq. (21)) added to the distance (eq. (23)).
+        metric_projection: Phase A++, metric-aware projection of q and k (eq. (20), gated).
+        transport_rank: if > 0, Phase D transport of each head's output by ``P_i = I + Delta_i``
+            (eq. (24)).
+        transport_kind: ``"linear"`` or ``"cayley"``.
+        torsion_rank: if > 0, Phase C: add ``gamma_T T_i`` to the transport (``P' = P + gamma_T
+            T``, or ``I + gamma_T T`` without transport), gate starting at ``sigmoid(-3)``.
+        method: ``"decomposed"`` (materialised scores by eq. (16),
+            :func:`~attention_atlas.attention.riemannian.scores.geodesic_scores_decomposed`:
+            cheapest at short lengths), or a method of :func:`geodesic_attention` (fast paths).
+            With ``need_weights=True`` the scores are materialised (by eq. (16) for
+            ``"decomposed"``, else by the reference eq. (15)).
+        metric: Phase A. False: ``U = 0`` (MetricNet is kept but unused, so parameter counts of
+            an ablation are comparable; its parameters get no gradient).
+        geodesic: Phase D. False: the scores have no metric term (``U`` replaced by 0 and no
+            curvature in the distance, only the baseline remains) and no transport.
+
+    Extras returned: ``metric_factor (B, H, L, d, r)``, ``curvature (B, H, L)`` with Phase B,
+    ``transport_a``/``transport_b`` (the factors of ``Delta``) and ``torsion_l``/``torsion_r``.
+    """
+
+    name = "riemannian"
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        rank: int = 4,
+        tau: float | None = None,
+        alpha: float = 1.0,
+        baseline: str = "distance",
+        metric_expansion: float = 1.0,
+        metric_init_std: float = 0.02,
+        curvature: bool = False,
+        metric_projection: bool = False,
+        transport_rank: int = 0,
+        transport_kind: str = "linear",
+        torsion_rank: int = 0,
+        method: str = "auto",
+        metric: bool = True,
+        geodesic: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dim, n_heads, **kwargs)
+        self.rank = int(rank)
+        self.tau = float(tau) if tau is not None else (2.0 * self.head_dim) ** 0.5
+        if self.tau <= 0:
+            raise ValueError(f"tau must be positive, got {tau}")
+        blend_weights(alpha, baseline)  # validates
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+        self.alpha, self.baseline, self.method = float(alpha), baseline, method
+        self.use_metric, self.use_geodesic = bool(metric), bool(geodesic)
+        self.metric_net = MetricNet(
+            dim, n_heads, self.head_dim, self.rank, metric_expansion, metric_init_std
+        )
+        self.curvature = CurvatureProxy() if curvature else None
+        self.projection = MetricAwareProjection() if metric_projection else None
+        self.transport = (
+            FiberTransport(dim, n_heads, self.head_dim, transport_rank, kind=transport_kind)
+            if transport_rank > 0
+            else None
+        )
+        self.torsion = (
+            TorsionNet(dim, n_heads, self.head_dim, torsion_rank) if torsion_rank > 0 else None
+        )
+        self.torsion_gate = nn.Parameter(torch.tensor(-3.0)) if torsion_rank > 0 else None
+
+    def metric_parameters(self) -> list[nn.Parameter]:
+        mods: list[nn.Module] = [self.metric_net]
+        for m in (self.curvature, self.projection, self.transport, self.torsion):
+            if m is not None:
+                mods.append(m)
+        params = [p for m in mods for p in m.parameters()]
+        if self.torsion_gate is not None:
+            params.append(self.torsion_gate)
+        return params
+
+    def metric_factor(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """``U (B, H, L, d, r)`` from ``x (B, L, D)`` (zeros when Phase A is off)."""
+        U = self.metric_net(x).to(dtype)
+        return U if self.use_metric else torch.zeros_like(U)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        x: Tensor,
+        causal: bool,
+        mask: Tensor | None,
+        need_weights: bool,
+    ) -> AttentionResult:
+        U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
+        if self.projection is not None:  # Phase A++
+            q, k = self.projection(q, U), self.projection(k, U)
+        omega = self.curvature(U) if self.curvature is not None else None  # (B, H, L), Phase B
+        U_s = U if self.use_geodesic else torch.zeros_like(U)  # Phase D scores
+        omega_s = omega if self.use_geodesic else None
+        res = self._aggregate(q, k, v, U_s, omega_s, causal, mask, need_weights)
+        extras: dict[str, Tensor] = {"metric_factor": U}
+        if omega is not None:
+            extras["curvature"] = omega
+        out = self._transport(x, res.out, extras)  # Phases D and C
+        res.diagnostics.update(metric_statistics(U))
+        return AttentionResult(out, res.probs, res.diagnostics, extras)
+
+    def _aggregate(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        U: Tensor,
+        omega: Tensor | None,
+        causal: bool,
+        mask: Tensor | None,
+        need_weights: bool,
+    ) -> AttentionResult:
+        """``softmax(scores) v`` per head, ``(B, H, L, d)``: materialised (eq. (16) or (15)) for
+        ``method="decomposed"`` or ``need_weights``, else by :func:`geodesic_attention`."""
+        alpha, baseline = self.alpha, cast(Baseline, self.baseline)
+        if self.method == "decomposed" or need_weights:
+            scores = geodesic_scores_decomposed if self.method == "decomposed" else geodesic_scores
+            logits = scores(q, k, U, self.tau, curvature=omega, alpha=alpha, baseline=baseline)
+            res = attention_from_logits(logits, v, causal=causal, mask=mask)  # logits (B, H, L, L)
+            return res if need_weights else AttentionResult(res.out)
+        method = cast(Method, self.method)
+        out = geodesic_attention(q, k, v, U, self.tau, causal, mask=mask, curvature=omega,
+                                 alpha=alpha, baseline=baseline, method=method)  # fmt: skip
+        return AttentionResult(out)
+
+    def _transport(self, x: Tensor, out: Tensor, extras: dict[str, Tensor]) -> Tensor:
+        """``P_i out_i`` (Phase D, eq. (24)) plus ``gamma_T T_i out_i`` (Phase C); the factors go
+        to ``extras``. ``x (B, L, D)``, ``out (B, H, L, d)``."""
+        moved = out
+        if self.transport is not None and self.use_geodesic:
+            a, b = self.transport(x)
+            moved = self.transport.apply_transport(a, b, out)
+            extras["transport_a"], extras["transport_b"] = a, b
+        if self.torsion is not None and self.torsion_gate is not None:
+            lt, rt = self.torsion(x)
+            moved = moved + torch.sigmoid(self.torsion_gate) * torsion_apply(lt, rt, out)
+            extras["torsion_l"], extras["torsion_r"] = lt, rt
+        return moved
+
+    def extra_repr(self) -> str:
+        return (
+            super().extra_repr()
+            + f", rank={self.rank}, tau={self.tau:.3g}, alpha={self.alpha}, baseline={self.baseline}"
+        )
+
+
+class FiberBundleAttention(RiemannianAttention):
+    """:class:`RiemannianAttention` as the Fiber Bundle Transformer uses it: scores materialised
+    by eq. (16) (``method="decomposed"``, the fastest at the short lengths of chapter 4); the
+    phases are switched on by :class:`attention_atlas.models.FiberBundleConfig`."""
+
+    name = "fiber_bundle"
+
+    def __init__(self, dim: int, n_heads: int, method: str = "decomposed", **kwargs: Any) -> None:
+        super().__init__(dim, n_heads, method=method, **kwargs)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", metric={self.use_metric}, geodesic={self.use_geodesic}"

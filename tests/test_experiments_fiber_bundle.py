@@ -1,0 +1,156 @@
+"""Chapter 4's experiment: the grid, the sweep runner it uses, the post-training analysis and
+the chapter's views of the runs (per-seed values, paired differences, verdicts)."""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from attention_atlas.data import TextCorpus, Vocab
+from attention_atlas.experiments import experiment
+from attention_atlas.experiments import fiber_bundle as fb
+from attention_atlas.experiments.fiber_bundle_analysis import (
+    TYPE_NAMES,
+    Runs,
+    analyse,
+    token_types,
+    verdict,
+)
+from attention_atlas.models import FiberBundleConfig
+from attention_atlas.stats import Interval, paired_difference
+from attention_atlas.sweep import Cell, load_results, run_sweep
+
+
+def test_the_sweep_runner_finds_this_module_by_name() -> None:
+    assert experiment("fiber-bundle") is fb
+    assert set(fb.PRESETS) >= {"smoke", "book", "long"}
+
+
+def test_kappa_scale_is_tau_over_length() -> None:
+    assert fb.kappa_scale(64, 4, 64) == pytest.approx(math.sqrt(2 * 16) / 64)
+    assert fb.kappa_scale(64, 4, 32, tau=2.0) == pytest.approx(2.0 / 32)
+
+
+def test_chapter_grid_changes_one_thing_per_configuration() -> None:
+    grid = fb.chapter_grid(ranks=(1, 4), alphas=(0.0, 1.0), kappa_factors=(1.0, 10.0))
+    assert list(grid) == ["dot", "fbt", "fbt_reg-none", "fbt_reg-l2", "fbt_alpha-0",
+                          "fbt_rank-1", "fbt_kappa-10"]  # fmt: skip
+    base = grid["fbt"]
+    scale = fb.kappa_scale(64, 4, 64)
+    assert base["reg"] == {"kind": "three", "kappa_max": scale, "kappa_min": scale / 2,
+                           "weights": {}}  # fmt: skip
+    assert grid["fbt_rank-1"]["model"] == {**base["model"], "rank": 1}
+    assert grid["fbt_alpha-0"]["model"] == {**base["model"], "alpha": 0.0}
+    assert grid["fbt_kappa-10"]["reg"]["kappa_max"] == pytest.approx(10 * scale)
+    assert grid["fbt_reg-none"]["reg"]["kind"] == "none"
+    for name, params in grid.items():  # the same training everywhere
+        assert params["train"] == grid["dot"]["train"], name
+    ablations = fb.chapter_grid(ablations=True)
+    assert ablations["fbt_no-c"]["model"]["phase_c"] is False
+    assert ablations["fbt_cayley"]["model"]["transport_kind"] == "cayley"
+    FiberBundleConfig(**ablations["fbt_no-e"]["model"])  # every model spec builds a config
+
+
+def test_sweep_command_names_only_the_parameters_that_differ() -> None:
+    cmd = fb.sweep_command({"steps": 200, "dim": 64, "ranks": [1, 4]}, [0, 1], "out/dir")
+    assert shlex.split(cmd) == [
+        "python", "-m", "attention_atlas", "sweep", "fiber-bundle", "--preset", "book",
+        "--seeds", "0", "1", "-p", "steps=200", "-p", "ranks=[1,4]", "--out", "out/dir",
+    ]  # fmt: skip
+
+
+def test_sweep_skips_finished_cells_and_reruns_changed_parameters(tmp_path) -> None:
+    calls: list[tuple[str, int]] = []
+
+    def run(params: dict, seed: int) -> dict:
+        calls.append((str(params["x"]), seed))
+        return {"value": params["x"] * 10 + seed, "history": {"step": [1, 2]}}
+
+    cells = [Cell("a", s, {"x": 1}) for s in (0, 1)] + [Cell("b", 0, {"x": 2})]
+    df = run_sweep(cells, run, tmp_path, log=None)
+    assert len(calls) == 3 and sorted(df["value"]) == [10, 11, 20]
+    assert "history" not in df.columns
+    run_sweep(cells, run, tmp_path, log=None)
+    assert len(calls) == 3  # all reused
+    run_sweep([Cell("a", 0, {"x": 3})], run, tmp_path, log=None)
+    assert len(calls) == 4  # new parameters -> new cell
+    assert len(load_results(tmp_path)) == 4
+    assert (tmp_path / "results.csv").exists()
+    with pytest.raises(ValueError, match="duplicate"):
+        run_sweep([cells[0], cells[0]], run, tmp_path, log=None)
+
+
+def test_token_types_split_letters_into_word_initial_and_internal() -> None:
+    itos = ["\n", "N", "_", "a", "b", "."]
+    x = torch.tensor([[3, 4, 2, 3, 4, 5, 0, 3, 1]])  # "ab_ab.\naN"
+    codes = token_types(x, itos).tolist()[0]
+    assert codes == [-1, 1, 2, 0, 1, 5, 3, 0, 4]
+    assert TYPE_NAMES[0] == "word_initial" and TYPE_NAMES[5] == "punct"
+
+
+def _toy_corpus() -> TextCorpus:
+    text = list("ab_ab._abba_\n" * 40)
+    vocab = Vocab(sorted(set(text)))
+    ids = vocab.encode(text)
+    return TextCorpus("toy", ids[:300], ids[300:], ids[300:], vocab)
+
+
+def test_analyse_measures_kappa_per_token_type_from_the_models_own_metric() -> None:
+    torch.manual_seed(0)
+    data = _toy_corpus()
+    model = FiberBundleConfig(vocab_size=data.vocab_size, dim=16, n_layers=2, n_heads=2,
+                              max_len=12, metric_init_std=0.5).build()  # fmt: skip
+    res = analyse(model, data, seq_len=12, n_seqs=6, batch_size=4)
+    tok = res.pop("tokens")
+    assert len(tok) == 6 * 12 and set(tok.columns) == {"type", "surprisal", "kappa_1", "kappa_2"}
+    x = torch.as_tensor(data.valid[:72]).view(6, 12)  # the first windows of the split
+    out = model(x)
+    kappa = (out.attentions[0].extras["metric_factor"].double() ** 2).sum((-1, -2)).mean(1)
+    np.testing.assert_allclose(tok["kappa_1"].to_numpy(), kappa.detach().reshape(-1), rtol=1e-6)
+    sel = tok["type"] == 0
+    assert res["kappa_1_word_initial"] == pytest.approx(float(tok.loc[sel, "kappa_1"].mean()))
+    assert res["kappa_1_mean"] == pytest.approx(float(tok["kappa_1"].mean()))
+    assert math.isnan(res["kappa_1_digit_or_N"])  # no digit in this text
+    assert {"erank_0", "erank_2", "sigma2_1", "sigma2_2", "kappa_2_spearman_surprisal"} <= set(res)
+
+
+def _runs() -> Runs:
+    df = pd.DataFrame({
+        "config": ["dot", "dot", "fbt", "fbt"], "seed": [1, 0, 0, 1],
+        "val_bpc": [3.1, 3.0, 2.9, 3.05], "kappa_1_cv": [0.1, 0.2, 0.3, 0.4],
+        "kappa_2_cv": [0.3, 0.4, 0.5, 0.6],
+    })  # fmt: skip
+    hist = {"step": [1, 2], "fiber_bundle/l0/kappa_max": [1.0, 2.0],
+            "fiber_bundle/l1/kappa_max": [3.0, 5.0], "fiber_bundle/l0/kappa_mean": [1.0, 2.0],
+            "fiber_bundle/l1/kappa_mean": [2.0, 3.0]}  # fmt: skip
+    cells = {
+        ("fbt", s): {"history": hist, "kappa_init_1": 0.1, "kappa_init_2": 0.3} for s in (0, 1)
+    }
+    return Runs({"dot": {}, "fbt": {}}, [0, 1], df, cells, 2, "cmd")  # type: ignore[arg-type]
+
+
+def test_runs_give_per_seed_values_and_paired_differences() -> None:
+    runs = _runs()
+    np.testing.assert_array_equal(runs.per_seed("dot", "val_bpc"), [3.0, 3.1])  # seed order
+    got = runs.paired("fbt", "dot", "val_bpc")
+    assert got == paired_difference(np.array([2.9, 3.05]), np.array([3.0, 3.1]))
+    assert got.mean == pytest.approx(-0.075)
+    np.testing.assert_allclose(runs.mean_over_layers("fbt", "kappa_{l}_cv"), [0.4, 0.5])
+    np.testing.assert_allclose(runs.last_logged("fbt", "kappa_max"), [3.5, 3.5])
+    steps, values = runs.trajectory("fbt", "kappa_max")
+    assert steps == [1, 2] and values.tolist() == [[2.0, 3.5], [2.0, 3.5]]
+    steps, values = runs.trajectory("fbt", "kappa_mean")  # starts at initialisation, step 0
+    assert steps == [0.0, 1, 2] and values.tolist() == [[0.2, 1.5, 2.5], [0.2, 1.5, 2.5]]
+
+
+def test_verdict_reads_the_side_of_zero_the_interval_lies_on() -> None:
+    assert verdict(Interval(1.0, 0.5, 1.5, 3)) == "supported"
+    assert verdict(Interval(1.0, 0.5, 1.5, 3), sign=-1) == "contradicted"
+    assert verdict(Interval(-1.0, -1.5, -0.5, 3), sign=-1) == "supported"
+    assert verdict(Interval(0.1, -0.5, 0.7, 3)) == "inconclusive at this scale"
+    assert verdict(Interval(0.1, math.nan, math.nan, 1)).endswith("(one seed)")

@@ -1,0 +1,69 @@
+"""The phase operators (eqs. (20) to (26)) against their dense d x d formulas in float64."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from riemannian_inputs import DT, TOL, inputs, rel
+
+from attention_atlas import linalg
+from attention_atlas.attention import riemannian as R
+
+
+def test_metric_strength_is_the_squared_frobenius_norm_of_each_factor():
+    *_, U = inputs(seed=21)
+    assert rel(R.metric_strength(U), torch.linalg.matrix_norm(U) ** 2) < TOL
+
+
+def test_curvature_proxy_is_softplus_scaled_frobenius_norm():
+    *_, U = inputs(seed=22)
+    out = R.curvature_proxy(U, 0.5)
+    assert rel(out, math.log1p(math.exp(0.5)) * (U**2).sum((-1, -2))) < TOL
+
+
+def test_metric_aware_projection_matches_dense_formula():
+    q, _, _, U = inputs(seed=17)
+    out = R.metric_aware_projection(q, U, 0.2)
+    dense = q + 0.2 / math.sqrt(5) * (U @ U.mT @ q.unsqueeze(-1)).squeeze(-1)
+    assert rel(out, dense) < TOL
+
+
+def test_torsion_is_antisymmetric_and_applied_without_dense_matrices():
+    q, _, _, U = inputs(seed=18)
+    left, right = U, U.flip(-3)
+    T = R.torsion_dense(left, right)
+    assert float((T + T.mT).abs().max()) < 1e-14  # T^T = -T
+    assert rel(R.torsion_apply(left, right, q), (T @ q.unsqueeze(-1)).squeeze(-1)) < TOL
+
+
+def test_linear_transport_matches_dense_and_its_isometry_defect():
+    q, _, _, U = inputs(seed=19, r=3)
+    a, b = 0.3 * U, 0.3 * U.flip(-3)
+    P = R.transport_dense(a, b)
+    assert rel(R.transport_apply(a, b, q), (P @ q.unsqueeze(-1)).squeeze(-1)) < TOL
+    eye = torch.eye(5, dtype=DT)
+    dense_defect = torch.linalg.matrix_norm(P.mT @ P - eye)
+    assert rel(R.isometry_defect(a, b), dense_defect) < 1e-9
+    # eq. (25) says ||Delta^T Delta||_F = ||Delta||_F^2; for antisymmetric Delta it is at most
+    # ||Delta||_F^2 / sqrt(2) (singular values come in pairs)
+    delta_sq = (R.torsion_dense(a, b) ** 2).sum((-1, -2))
+    assert bool((dense_defect <= delta_sq / math.sqrt(2) + 1e-12).all())
+    nonzero = delta_sq > 1e-12
+    assert bool(nonzero.any()) and bool((dense_defect[nonzero] < delta_sq[nonzero]).all())
+
+
+def test_cayley_transport_is_orthogonal_and_matches_dense():
+    q, _, _, U = inputs(seed=20, r=2)
+    a, b = U, U.roll(1, dims=-3)
+    P = R.transport_dense(a, b, "cayley")
+    eye = torch.eye(5, dtype=DT)
+    assert float((P.mT @ P - eye).abs().max()) < 1e-10
+    assert rel(R.cayley_transport_apply(a, b, q), (P @ q.unsqueeze(-1)).squeeze(-1)) < TOL
+
+
+def test_metric_preconditioned_update_uses_the_inverse_metric():
+    h, upd, _, U = inputs(seed=21)
+    out = R.metric_preconditioned_update(h, U, upd)
+    dense = h + torch.linalg.solve(linalg.metric_dense(U), upd.unsqueeze(-1)).squeeze(-1)
+    assert rel(out, dense) < TOL

@@ -1,0 +1,138 @@
+"""The modules: factor networks, and RiemannianAttention with its phase switches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from riemannian_inputs import DT, TOL, rel
+
+from attention_atlas.attention import build_attention
+from attention_atlas.attention import riemannian as R
+from attention_atlas.attention.euclidean import euclidean_attention_explicit
+
+ALL_PHASES = dict(rank=3, metric_init_std=1.0, curvature=True, metric_projection=True,
+                  transport_rank=2, torsion_rank=1)  # fmt: skip
+
+
+def test_metric_net_last_layer_starts_at_the_stated_scale():
+    torch.manual_seed(0)
+    net = R.MetricNet(dim=32, n_heads=4, head_dim=8, rank=4, expansion=2.0, init_std=0.02)
+    hidden = 64
+    assert net.fc2.weight.shape == (4 * 8 * 4, hidden)
+    assert float(net.fc2.weight.detach().std()) == pytest.approx(0.02 / math.sqrt(hidden), rel=0.05)
+    assert float(net.fc2.bias.detach().abs().max()) == 0.0
+    x = torch.randn(2, 10, 32)
+    U = net(x)
+    assert U.shape == (2, 4, 10, 8, 4)
+    # U is linear in the last layer's scale: the same draws at ten times the std give 10 U
+    torch.manual_seed(0)
+    big = R.MetricNet(dim=32, n_heads=4, head_dim=8, rank=4, expansion=2.0, init_std=0.2)
+    assert rel(big(x), 10 * U) < 1e-5
+
+
+def test_riemannian_attention_is_registered_and_equals_euclidean_at_zero_metric():
+    torch.manual_seed(0)
+    attn = build_attention("riemannian", dim=24, n_heads=3, rank=2).double()
+    torch.nn.init.zeros_(attn.metric_net.fc2.weight)
+    x = torch.randn(2, 11, 24, dtype=DT)
+    res = attn(x, causal=True)
+    q, k, v = attn.split_heads(x)
+    euc, _, _ = euclidean_attention_explicit(q, k, v, attn.tau, causal=True)
+    expected = attn.proj(euc.transpose(1, 2).reshape(2, 11, 24))
+    assert rel(res.out, expected) < TOL
+    assert res.extras["metric_factor"].shape == (2, 3, 11, 8, 2)
+
+
+@pytest.mark.parametrize("name", ["riemannian", "fiber_bundle"])
+def test_weights_path_equals_fast_path_and_reports_diagnostics(name):
+    torch.manual_seed(1)
+    attn = build_attention(name, dim=16, n_heads=2, **ALL_PHASES).double()
+    x = torch.randn(2, 9, 16, dtype=DT)
+    fast = attn(x, causal=True)
+    slow = attn(x, causal=True, need_weights=True)
+    assert rel(fast.out, slow.out) < TOL
+    assert slow.probs is not None and slow.probs.shape == (2, 2, 9, 9)
+    assert int(slow.diagnostics["nonfinite_logits"]) == 0
+    kappa = (fast.extras["metric_factor"].detach() ** 2).sum((-1, -2))
+    assert float(fast.diagnostics["metric_kappa_mean"]) == pytest.approx(float(kappa.mean()))
+    assert float(fast.diagnostics["metric_kappa_max"]) == pytest.approx(float(kappa.max()))
+
+
+def test_fiber_bundle_attention_is_riemannian_attention_with_eq16_scores():
+    torch.manual_seed(2)
+    fba = build_attention("fiber_bundle", dim=16, n_heads=2, **ALL_PHASES).double()
+    ra = build_attention("riemannian", dim=16, n_heads=2, method="lowrank", **ALL_PHASES).double()
+    ra.load_state_dict(fba.state_dict())
+    assert isinstance(fba, R.RiemannianAttention) and fba.method == "decomposed"
+    x = torch.randn(2, 9, 16, dtype=DT)
+    assert rel(fba(x, causal=True).out, ra(x, causal=True).out) < TOL
+
+
+def test_transport_and_torsion_act_on_each_head_output():
+    torch.manual_seed(3)
+    attn = build_attention("riemannian", dim=16, n_heads=2, **ALL_PHASES).double()
+    x = torch.randn(2, 9, 16, dtype=DT)
+    q, k, v = attn.split_heads(x)
+    res = attn.attend(q, k, v, x=x, causal=True, mask=None, need_weights=True)
+    assert res.probs is not None
+    plain = res.probs @ v  # the aggregated values, before transport (eq. (24))
+    P = R.transport_dense(res.extras["transport_a"], res.extras["transport_b"])
+    T = R.torsion_dense(res.extras["torsion_l"], res.extras["torsion_r"])
+    gate = torch.sigmoid(attn.torsion_gate)
+    expected = ((P + gate * T) @ plain.unsqueeze(-1)).squeeze(-1)  # P' = P + gamma_T T
+    assert rel(res.out, expected) < TOL
+
+
+def test_torsion_without_transport_is_identity_plus_gated_torsion():
+    torch.manual_seed(4)
+    attn = build_attention("riemannian", dim=16, n_heads=2, torsion_rank=2).double()
+    x = torch.randn(1, 7, 16, dtype=DT)
+    res = attn.attend(*attn.split_heads(x), x=x, causal=False, mask=None, need_weights=True)
+    assert "transport_a" not in res.extras
+    q, k, v = attn.split_heads(x)
+    U = res.extras["metric_factor"]
+    plain = R.geodesic_attention_reference(q, k, v, U, attn.tau)[0]
+    T = R.torsion_dense(res.extras["torsion_l"], res.extras["torsion_r"])
+    expected = plain + torch.sigmoid(attn.torsion_gate) * (T @ plain.unsqueeze(-1)).squeeze(-1)
+    assert rel(res.out, expected) < TOL
+
+
+def test_phase_switches_remove_the_metric_and_the_geodesic_terms():
+    torch.manual_seed(5)
+    x = torch.randn(1, 7, 16, dtype=DT)
+    no_metric = build_attention("riemannian", dim=16, n_heads=2, metric=False, curvature=True)
+    res = no_metric.double().attend(*no_metric.split_heads(x), x=x, causal=False, mask=None,
+                                    need_weights=True)  # fmt: skip
+    assert torch.count_nonzero(res.extras["metric_factor"]) == 0
+    flat = build_attention("riemannian", dim=16, n_heads=2, geodesic=False, curvature=True,
+                           metric_init_std=1.0, transport_rank=2).double()  # fmt: skip
+    q, k, v = flat.split_heads(x)
+    res = flat.attend(q, k, v, x=x, causal=False, mask=None, need_weights=True)
+    assert float(res.extras["metric_factor"].detach().abs().max()) > 1e-3  # a metric exists ...
+    euc = euclidean_attention_explicit(q, k, v, flat.tau)[0]
+    assert rel(res.out, euc) < TOL  # ... but neither scores nor transport use it
+    assert "transport_a" not in res.extras
+
+
+def test_riemannian_attention_metric_parameters_get_gradients():
+    torch.manual_seed(2)
+    attn = build_attention("riemannian", dim=16, n_heads=2, rank=2, metric_init_std=0.5)
+    mp = attn.metric_parameters()
+    assert mp and {id(p) for p in mp}.isdisjoint({id(p) for p in attn.qkv.parameters()})
+    attn(torch.randn(2, 7, 16)).out.pow(2).sum().backward()
+    assert all(
+        p.grad is not None and float(p.grad.abs().sum()) > 0 for p in attn.metric_net.parameters()
+    )
+
+
+def test_riemannian_attention_rejects_bad_options():
+    with pytest.raises(ValueError, match="baseline must be"):
+        build_attention("riemannian", dim=8, n_heads=2, baseline="nope")
+    with pytest.raises(ValueError, match="rank must be positive"):
+        build_attention("riemannian", dim=8, n_heads=2, rank=0)
+    with pytest.raises(ValueError, match="unknown method"):
+        build_attention("fiber_bundle", dim=8, n_heads=2, method="fastest")
+    with pytest.raises(ValueError, match="kind must be 'linear' or 'cayley'"):
+        build_attention("riemannian", dim=8, n_heads=2, transport_rank=1, transport_kind="exp")

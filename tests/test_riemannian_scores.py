@@ -1,0 +1,142 @@
+"""The geodesic score in every form (eqs. (6), (15), (16), the augmented features of Theorem
+3.2) against the definition in float64, and blending (eq. (27)) against the formula as printed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from riemannian_inputs import DT, TOL, eq27_reference, inputs, rel
+
+from attention_atlas.attention import riemannian as R
+from attention_atlas.attention.riemannian.scores import blend_coefficients
+
+BLENDS = [(1.0, "distance"), (0.35, "distance"), (0.0, "distance"), (0.35, "dot"), (1.0, "dot")]
+
+
+def test_pairwise_metric_is_the_mean_of_the_token_metrics():
+    *_, U = inputs(L=4)
+    g = R.token_metric(U)
+    gij = R.pairwise_metric(U)
+    assert rel(gij[..., 1, 3, :, :], (g[..., 1, :, :] + g[..., 3, :, :]) / 2) < TOL
+    # every g_ij >= I: eigenvalues at least 1
+    assert float(torch.linalg.eigvalsh(gij).min()) > 1 - 1e-12
+
+
+def test_eq15_distance_decomposition_equals_the_definition():
+    q, k, _, U = inputs()
+    dense = R.geodesic_scores_dense(q, k, U, 1.7)
+    assert rel(R.geodesic_scores(q, k, U, 1.7), dense) < TOL
+
+
+def test_eq16_per_token_decomposition_equals_the_definition():
+    q, k, _, U = inputs(seed=1)
+    assert (
+        rel(R.geodesic_scores_decomposed(q, k, U, 0.9), R.geodesic_scores_dense(q, k, U, 0.9)) < TOL
+    )
+
+
+@pytest.mark.parametrize(("alpha", "baseline"), BLENDS)
+def test_every_form_with_curvature_and_blending_equals_eq27_on_the_definition(alpha, baseline):
+    q, k, _, U = inputs(seed=30, d=4, r=3)
+    omega = torch.rand(q.shape[:-1], generator=torch.Generator().manual_seed(2), dtype=DT)
+    ref = eq27_reference(q, k, U, 1.3, alpha, baseline, omega)
+    kw = dict(curvature=omega, alpha=alpha, baseline=baseline)
+    assert rel(R.geodesic_scores(q, k, U, 1.3, **kw), ref) < TOL
+    assert rel(R.geodesic_scores_decomposed(q, k, U, 1.3, **kw), ref) < TOL
+    assert rel(R.geodesic_scores_augmented(q, k, U, 1.3, **kw), ref) < TOL
+    assert rel(R.hybrid_scores(q, k, U, 1.3, alpha, baseline=baseline, curvature=omega), ref) < TOL
+
+
+@pytest.mark.parametrize(("alpha", "baseline"), [(1.0, "distance"), (0.4, "dot")])
+def test_eq16_scores_pass_gradcheck(alpha, baseline):
+    q, k, _, U = inputs(shape=(1, 2), L=5, d=3, r=2, seed=31, grad=True)
+    omega = torch.rand(1, 2, 5, dtype=DT, requires_grad=True)
+
+    def f(q, k, U, omega):
+        return R.geodesic_scores_decomposed(
+            q, k, U, 1.1, curvature=omega, alpha=alpha, baseline=baseline
+        )
+
+    assert torch.autograd.gradcheck(f, (q, k, U, omega))
+
+
+def test_augmented_features_give_the_scores_as_one_matrix_product():
+    q, k, _, U = inputs(seed=2, d=6, r=3)
+    qh, kh = R.geodesic_features(q, k, U, 2.0)
+    assert qh.shape[-1] == kh.shape[-1] == R.augmented_dim(6) == 6 * 6 + 3 * 6 + 1
+    aug = R.geodesic_scores_augmented(q, k, U, 2.0)
+    assert rel(aug, R.geodesic_scores_dense(q, k, U, 2.0)) < TOL
+    # without the row constant the product differs from S by a constant along each row
+    diff = R.geodesic_scores(q, k, U, 2.0) - qh @ kh.mT
+    assert float((diff - diff[..., :1]).abs().max()) < 1e-10 * float(diff.abs().max())
+
+
+def test_identical_metrics_collapse_to_a_global_mahalanobis_distance():
+    q, k, _, U = inputs(seed=3)
+    U = U[..., :1, :, :].expand_as(U)  # the same U_t at every position
+    G = R.token_metric(U[..., 0, :, :])  # (..., d, d)
+    diff = q.unsqueeze(-2) - k.unsqueeze(-3)
+    expected = -torch.einsum("...ija,...ab,...ijb->...ij", diff, G, diff) / 1.3
+    assert rel(R.geodesic_scores(q, k, U, 1.3), expected) < TOL
+
+
+def test_zero_metric_gives_euclidean_distance_scores():
+    q, k, _, U = inputs(seed=4)
+    expected = -((q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1) / 2.0
+    assert rel(R.geodesic_scores(q, k, torch.zeros_like(U), 2.0), expected) < TOL
+
+
+@pytest.mark.parametrize("baseline", ["distance", "dot"])
+def test_hybrid_blending_endpoints_are_the_baseline_and_the_geodesic_score(baseline):
+    q, k, _, U = inputs(seed=5)
+    tau = 1.5
+    riem = R.geodesic_scores(q, k, U, tau)
+    euc = (
+        q @ k.mT / math.sqrt(q.shape[-1])
+        if baseline == "dot"
+        else R.geodesic_scores(q, k, torch.zeros_like(U), tau)
+    )
+    assert rel(R.hybrid_scores(q, k, U, tau, 1.0, baseline=baseline), riem) < TOL
+    assert rel(R.hybrid_scores(q, k, U, tau, 0.0, baseline=baseline), euc) < TOL
+
+
+def test_distance_baseline_blending_is_a_rescaled_metric():
+    q, k, _, U = inputs(seed=6)
+    alpha = 0.3
+    blended = R.hybrid_scores(q, k, U, 1.1, alpha, baseline="distance")
+    assert rel(blended, R.geodesic_scores(q, k, math.sqrt(alpha) * U, 1.1)) < TOL
+
+
+def test_blend_coefficients_are_the_weights_with_tau_and_sqrt_d_folded_in():
+    assert blend_coefficients(16, 2.0, 1.0, "distance") == (0.0, 0.5, 0.5)
+    assert blend_coefficients(16, 2.0, 0.25, "distance") == (0.0, 0.5, 0.125)
+    assert blend_coefficients(16, 2.0, 0.25, "dot") == pytest.approx((0.75 / 4, 0.125, 0.125))
+
+
+def test_curvature_enters_as_row_and_column_penalties():
+    q, k, _, U = inputs(seed=7)
+    omega = torch.rand(q.shape[:-1], dtype=DT)
+    s0 = R.geodesic_scores(q, k, U, 1.0)
+    s1 = R.geodesic_scores(q, k, U, 1.0, curvature=omega)
+    assert rel(s1, s0 - omega.unsqueeze(-1) - omega.unsqueeze(-2)) < TOL
+    assert rel(R.geodesic_scores_augmented(q, k, U, 1.0, curvature=omega), s1) < TOL
+
+
+def test_errors_name_expected_and_received_shapes():
+    q, k, _, U = inputs()
+    with pytest.raises(ValueError, match=r"U must have shape \(\.\.\., L, d, r\)"):
+        R.geodesic_scores(q, k, U[..., 0], 1.0)
+    with pytest.raises(ValueError, match="tau must be a positive"):
+        R.geodesic_scores(q, k, U, 0.0)
+    with pytest.raises(ValueError, match="q and k must have the same shape"):
+        R.geodesic_scores(q, k[..., :-1, :], U, 1.0)
+    with pytest.raises(ValueError, match="share a dtype"):
+        R.geodesic_scores_decomposed(q, k, U.float(), 1.0)
+    with pytest.raises(ValueError, match="curvature must have shape"):
+        R.geodesic_scores_decomposed(q, k, U, 1.0, curvature=torch.zeros(3, dtype=DT))
+    with pytest.raises(ValueError, match="baseline must be"):
+        R.hybrid_scores(q, k, U, 1.0, 0.5, baseline="cosine")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="alpha must be a finite number"):
+        R.blend_weights(math.nan)
