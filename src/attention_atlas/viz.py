@@ -418,6 +418,7 @@ def mean_interval(
     xlabel: str | None = None,
     ylabel: str | None = None,
     color: str | None = None,
+    showlegend: bool | None = None,
 ) -> go.Figure:
     """Means over runs with their ``level`` Student-t intervals as error bars, one point (or
     bar, ``mode="bar"``) per group.
@@ -429,6 +430,7 @@ def mean_interval(
         fig, row, col: add to this figure (and subplot) instead of a new one.
         name: legend name of the trace (no legend entry when None).
         mode: ``"markers"``, ``"lines+markers"`` or ``"bar"``.
+        color: of the markers, bars and line; showlegend: default ``name is not None``.
     """
     labels = list(groups)
     means, errs = [], []
@@ -446,8 +448,10 @@ def mean_interval(
     if mode == "bar":
         trace = go.Bar(x=xs, y=means, error_y=err, name=name, marker=style)
     else:
-        trace = go.Scatter(x=xs, y=means, error_y=err, mode=mode, name=name, marker=style)
-    trace.showlegend = name is not None
+        trace = go.Scatter(
+            x=xs, y=means, error_y=err, mode=mode, name=name, marker=style, line=style
+        )
+    trace.showlegend = (name is not None) if showlegend is None else showlegend
     fig = fig or go.Figure()
     if row is not None and col is not None:
         fig.add_trace(trace, row=row, col=col)
