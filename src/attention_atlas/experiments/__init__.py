@@ -20,6 +20,7 @@ __all__ = ["EXPERIMENTS", "experiment"]
 #: experiment name (as on the command line) -> module
 EXPERIMENTS: dict[str, str] = {
     "fiber-bundle": "attention_atlas.fiber_bundle",
+    "toy": "attention_atlas.experiments.toy",
 }
 
 
