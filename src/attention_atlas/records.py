@@ -58,7 +58,7 @@ __all__ = [
 
 #: top-level record fields that are not metrics (a cell may not return a metric so named)
 RESERVED = ("config", "seed", "key", "cell_seconds", "params", "provenance")
-#: records larger than this are refused by the store's writer (metrics, never weights)
+#: a record larger than this is written with a warning (the store is for metrics, not weights)
 MAX_RECORD_BYTES = 4_000_000
 
 

@@ -43,6 +43,7 @@ import pandas as pd
 from .experiments import EXPERIMENTS, experiment
 from .provenance import git_state
 from .records import (
+    MAX_RECORD_BYTES,
     Cell,
     CellLocks,
     cell_key,
@@ -234,8 +235,11 @@ def _drive(
                 continue
             except Exception as e:
                 raise RuntimeError(f"cell {cell.config} seed={cell.seed} failed: {e!r}") from e
-            written = write_atomic(_path(root, key), dumps_record(_record(cell, key, out, context)),
-                                   overwrite=not resume)  # fmt: skip
+            text = dumps_record(_record(cell, key, out, context))
+            if len(text) > MAX_RECORD_BYTES:
+                say(f"[sweep] warning: the record of {cell.config} seed={cell.seed} is "
+                    f"{len(text) / 1e6:.1f} MB; the results store is for metrics, not weights")  # fmt: skip
+            written = write_atomic(_path(root, key), text, overwrite=not resume)
             locks.release(key)
             n_run += int(written)
             bar.update(1)

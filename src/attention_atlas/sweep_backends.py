@@ -114,7 +114,11 @@ class _LocalPool:
         return self.workers
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        return self._pool().submit(fn, *args)
+        try:
+            return self._pool().submit(fn, *args)
+        except BrokenProcessPool:  # a worker died: its cells fail as WorkerLost, start afresh
+            self.close(abort=True)
+            return self._pool().submit(fn, *args)
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
         return list(wait_futures(futures, timeout=timeout, return_when=FIRST_COMPLETED).done)
@@ -123,7 +127,6 @@ class _LocalPool:
         try:
             return dict(fut.result())
         except BrokenProcessPool as e:
-            self.close(abort=True)  # the next submit starts a fresh pool
             raise WorkerLost(str(e)) from e
 
     def close(self, abort: bool = False) -> None:
