@@ -132,7 +132,7 @@ def test_verify_reproduces_stored_cells_exactly_and_catches_a_changed_one(store:
 
 def test_verify_re_runs_the_committed_toy_cell() -> None:
     """CI: the stored toy grid in results/ reproduces (exactly on the CPU that made it)."""
-    grid = results.load_grid("toy", "book", root=REPO / "results" / "toy" / "book")
+    grid = results.load_grid("toy", "book", root=REPO / "results")
     assert grid.complete and grid.provenance.n_cells >= 1
     assert not any(r["provenance"]["git_dirty"] for r in grid.records.values())
     (outcome,) = results.verify(1, experiment="toy", preset="book", root=REPO / "results", log=None)

@@ -379,3 +379,27 @@ def test_the_cluster_backend_needs_an_importable_cell_function(tmp_path: Path) -
     local.__module__ = "__main__"
     with pytest.raises(ValueError, match="importable"):
         run_sweep([Cell("a", 0, {})], local, tmp_path, workers=2, log=None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--address", "tcp://127.0.0.1:1"], "need --backend dask"),
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
+        (["--threads", "0"], "--threads must be at least 1, got 0"),
+        (["--gpus-per-cell", "-1"], "--gpus-per-cell must be at least 0, got -1"),
+        (["--backend", "dask", "--scheduler-file", "/nonexistent.json"], "no scheduler address"),
+        (["-p", "steps=9"], r"holds another grid of toy \(dim-8: steps 5 -> 9\)"),
+    ],
+)
+def test_the_command_line_refuses_bad_backend_settings_before_running(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    out = str(tmp_path / "toy")
+    assert (
+        main(["sweep", "toy", "--preset", "smoke", "--seeds", "0", "--out", out, "--no-progress"])
+        == 0
+    )
+    with pytest.raises(SystemExit, match=message):
+        main(["sweep", "toy", "--preset", "smoke", "--seeds", "1", "--out", out, *extra])
+    assert [r["seed"] for r in read_records(out)] == [0]

@@ -70,8 +70,9 @@ def results_root() -> Path:
 
 
 def store_dir(experiment: str, preset: str, root: str | os.PathLike[str] | None = None) -> Path:
-    """``<root>/<experiment>/<preset>``: where the store keeps that grid."""
-    return Path(root) if root is not None else results_root() / experiment / preset
+    """``<root>/<experiment>/<preset>``: where the store (default :func:`results_root`) keeps
+    that grid."""
+    return (Path(root) if root is not None else results_root()) / experiment / preset
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -194,7 +195,7 @@ def load_grid(
     root: str | os.PathLike[str] | None = None,
     complete: bool = True,
 ) -> Grid:
-    """The stored grid ``results/<experiment>/<preset>`` (``root``: another folder).
+    """The stored grid ``results/<experiment>/<preset>`` (``root``: another store than results/).
 
     ``configs`` and ``seeds`` default to those of its ``grid.json``. Raises FileNotFoundError
     when nothing is stored there, and :class:`IncompleteGrid` when a cell is missing (unless

@@ -156,8 +156,10 @@ def run_sweep(
                desc=str(context["experiment"] or root.name), file=sys.stderr)  # fmt: skip
 
     def say(msg: str) -> None:
-        if log is not None:
-            bar.write(msg, file=sys.stdout) if show else log(msg)
+        if log is not None and show:
+            bar.write(msg, file=sys.stdout)
+        elif log is not None:
+            log(msg)
 
     t_all = time.perf_counter()
     locks = CellLocks(root / "cells", stale_after=stale_after, heartbeat=min(30.0, stale_after / 4))
@@ -419,12 +421,30 @@ def _cli_sweep(args: Any) -> int:
 
 def _run_cli_sweep(args: Any, kwargs: dict[str, Any]) -> int:
     address = args.address
+    if args.backend != "dask" and (address or args.scheduler_file):
+        raise SystemExit("--address and --scheduler-file need --backend dask")
+    for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 1),
+                               ("--gpus-per-cell", args.gpus_per_cell, 0)):  # fmt: skip
+        if value < least:
+            raise SystemExit(f"{flag} must be at least {least}, got {value}")
     if args.scheduler_file is not None:
-        address = json.loads(Path(args.scheduler_file).read_text())["address"]
+        try:
+            address = json.loads(Path(args.scheduler_file).read_text())["address"]
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(
+                f"--scheduler-file {args.scheduler_file}: no scheduler address ({e})"
+            ) from e
+    try:
+        _run_grid_from_cli(args, kwargs, address)
+    except ValueError as e:  # a folder holding another grid, a backend that cannot start
+        raise SystemExit(f"sweep {args.experiment}: {e}") from e
+    return 0
+
+
+def _run_grid_from_cli(args: Any, kwargs: dict[str, Any], address: str | None) -> None:
     run_experiment(
         args.experiment, preset=args.preset, params=kwargs, seeds=args.seeds, only=args.only,
         out_dir=args.out, resume=not args.no_resume, threads=args.threads, backend=args.backend,
         workers=args.workers, address=address, gpus_per_cell=args.gpus_per_cell,
         progress=False if args.no_progress else None,
     )  # fmt: skip
-    return 0
