@@ -23,7 +23,7 @@ import sweep_cells
 import torch
 
 from attention_atlas.__main__ import main
-from attention_atlas.experiments import toy
+from attention_atlas.experiments import EXPERIMENTS, experiment, toy
 from attention_atlas.records import CellLocks, canonical, config_hash, read_records, write_atomic
 from attention_atlas.sweep import Cell, cell_key, load_results, make_cells, run_sweep
 
@@ -278,7 +278,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 import sweep_cells
-from attention_atlas.experiments import toy
+from attention_atlas.experiments import EXPERIMENTS, experiment, toy
 from attention_atlas.sweep import make_cells, run_sweep
 cells = make_cells(toy.chapter_grid(steps=3, dims=[8, 16, 24]), [0, 1, 2])
 Path({ready!r}).touch()
@@ -403,3 +403,15 @@ def test_the_command_line_refuses_bad_backend_settings_before_running(
     with pytest.raises(SystemExit, match=message):
         main(["sweep", "toy", "--preset", "smoke", "--seeds", "1", "--out", out, *extra])
     assert [r["seed"] for r in read_records(out)] == [0]
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_every_registered_experiment_has_presets_a_hashable_grid_and_a_cell_runner(
+    name: str,
+) -> None:
+    mod = experiment(name)
+    assert "book" in mod.PRESETS and callable(mod.run_cell)
+    grid = mod.chapter_grid(**mod.PRESETS.get("smoke", mod.PRESETS["book"]))
+    assert grid and all(isinstance(k, str) and isinstance(v, dict) for k, v in grid.items())
+    keys = [cell_key(c) for c in make_cells(grid, [0])]
+    assert len(set(keys)) == len(keys)
