@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Provenance", "environment", "git_state"]
+__all__ = ["Provenance", "environment", "format_duration", "git_state"]
 
 
 def _cpu_model() -> str:
@@ -78,7 +78,8 @@ def git_state(repo: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     return {"git_commit": commit, "git_dirty": dirty}
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """``41 s``, ``12 min`` or ``3.2 h``."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
@@ -102,7 +103,7 @@ class Provenance:
     commands: tuple[str, ...]  #: the distinct commands that made the cells, first first
     commits: tuple[str, ...]  #: short commits (``-dirty`` when made with uncommitted changes)
     dates: tuple[str, ...]  #: first and last day a cell finished (UTC)
-    devices: tuple[str, ...]  #: GPU name, or ``CPU <model>, <n> thread(s)``
+    devices: tuple[str, ...]  #: ``GPU <name>``, or ``CPU <model>, <n> thread(s)``
     n_cells: int
     compute_seconds: float  #: sum of the cells' wall times
 
@@ -119,7 +120,7 @@ class Provenance:
         commits = [(p["git_commit"] or "")[:7] + ("-dirty" if p.get("git_dirty") else "")
                    for p in provs if p.get("git_commit")]  # fmt: skip
         days = sorted(str(p["finished"])[:10] for p in provs if p.get("finished"))
-        devices = [p.get("gpu") if p.get("device") == "cuda" else
+        devices = [f"GPU {p.get('gpu')}" if p.get("device") == "cuda" else
                    f"CPU {p.get('cpu', '?')}, {p.get('threads', '?')} thread(s)" for p in provs]  # fmt: skip
         return cls(source, experiment, preset, str(folder), unique([p.get("command") for p in provs]),
                    unique(commits), unique([days[0], days[-1]] if days else []), unique(devices),
@@ -133,7 +134,7 @@ class Provenance:
         if len(self.commands) > 1:
             command += f" (and {len(self.commands) - 1} more runs)"
         return (f"{lead} {command}, {_listed(self.commits, 'commit')}, {' to '.join(self.dates) or 'date unknown'}, "
-                f"{_listed(self.devices, '')}; {self.n_cells} cells, {_duration(self.compute_seconds)} of compute")  # fmt: skip
+                f"{_listed(self.devices, '')}; {self.n_cells} cells, {format_duration(self.compute_seconds)} of compute")  # fmt: skip
 
     def __str__(self) -> str:
         return self.text

@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from .provenance import Provenance, _duration
+from .provenance import Provenance, format_duration
 from .records import RESERVED, CellLocks, canonical, cell_key, config_hash, make_cells, write_atomic
 
 __all__ = [
@@ -464,7 +464,7 @@ def _cli_results(args: Any) -> int:
         rows.append({"experiment": m["experiment"], "preset": manifest_path.parent.name,
                      "cells": f"{pv.n_cells}/{pv.n_cells + len(g.missing)}", "seeds": len(m["seeds"]),
                      "commits": " ".join(pv.commits), "devices": "; ".join(pv.devices),
-                     "compute": _duration(pv.compute_seconds)})  # fmt: skip
+                     "compute": format_duration(pv.compute_seconds)})  # fmt: skip
     print(
         pd.DataFrame(rows).to_string(index=False)
         if rows

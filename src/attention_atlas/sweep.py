@@ -93,7 +93,6 @@ def load_results(out_dir: str | Path, cells: Iterable[Cell] | None = None) -> pd
 
 
 # ----------------------------------------------------------------------------------------
-# ----------------------------------------------------------------------------------------
 # the runner
 # ----------------------------------------------------------------------------------------
 
@@ -156,10 +155,9 @@ def run_sweep(
                desc=str(context["experiment"] or root.name), file=sys.stderr)  # fmt: skip
 
     def say(msg: str) -> None:
-        if log is not None and show:
-            bar.write(msg, file=sys.stdout)
-        elif log is not None:
-            log(msg)
+        if log is not None:
+            with bar.external_write_mode():  # above the bar, which is then drawn again
+                log(msg)
 
     t_all = time.perf_counter()
     locks = CellLocks(root / "cells", stale_after=stale_after, heartbeat=min(30.0, stale_after / 4))
