@@ -9,6 +9,8 @@ Commands:
     notebooks run [--smoke] [NAME ...] [--out DIR] [-p key=value ...]   run chapters headlessly
     notebooks list                                                      chapters and parameters
     sweep EXPERIMENT [--preset P] [--seeds ...] [--out DIR] [-p k=v]      experiment grid over seeds
+          [--backend local|dask] [--workers N] [--address HOST:PORT]        (local pool or Dask)
+    results list | show EXPERIMENT PRESET | verify [--sample N]         the stored results
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "train": "attention_atlas.train.cli",
     "bench": "attention_atlas.bench",
     "sweep": "attention_atlas.sweep",
+    "results": "attention_atlas.results",
 }
 
 

@@ -1,128 +1,136 @@
-"""A resumable sweep runner: (configuration x seed) cells -> one JSON per cell + a results CSV.
+"""The resumable runner of experiment grids: (configuration x seed) cells on a local process pool
+or a Dask cluster, one JSON record per finished cell.
 
-A sweep is a list of :class:`Cell` (a configuration name, its parameters, a seed). Each cell is
-run by a function ``run_cell(params, seed) -> dict`` that returns flat metrics (numbers or
-strings; a value that is a dict or list is stored in the cell's JSON but left out of the CSV).
-Results go under ``out_dir``::
+A sweep is a list of :class:`Cell` (a configuration name, its parameters, a seed) run by a
+function ``run_cell(params, seed) -> dict`` that returns metrics (numbers or strings; dicts and
+lists, such as a training history, are kept in the cell's JSON and left out of the CSV). The
+folder layout and record format are in :mod:`attention_atlas.records`; an experiment's grid run
+from the command line goes to the results store (:mod:`attention_atlas.results`).
 
-    out_dir/cells/<config>__seed<seed>__<hash>.json   one per finished cell
-    out_dir/results.csv                               every finished cell, one row each
+Every backend produces the same records:
 
-The hash covers the parameters, so changing any parameter makes a new cell rather than reusing
-a stale result; a finished cell (its JSON exists) is skipped, so a killed sweep restarts where it
-stopped. Cells are written atomically (temporary file then rename).
+* ``local`` (default): ``workers=1`` runs cells in this process; ``workers=N`` in a pool of N
+  processes (spawned, each at ``threads`` torch threads). A worker killed mid-cell breaks the
+  pool: the pool is restarted and the cells it was running are retried.
+* ``dask``: each cell is a task on a Dask distributed cluster (``address`` of a scheduler
+  started with ``dask scheduler``/``dask worker``, or dask-jobqueue on Slurm; without an
+  address, a local cluster of ``workers`` processes on 127.0.0.1). A task asks for
+  ``CPU=threads`` (and ``GPU=gpus_per_cell``) resources where workers advertise them
+  (``dask worker --resources "CPU=8 GPU=1"``). A worker killed mid-cell: the scheduler
+  re-runs the task elsewhere.
+
+Cells are idempotent: the key hashes the parameters (:func:`~attention_atlas.records.cell_key`),
+a finished cell is skipped, and a record is written by the runner only when the whole cell has
+returned, atomically and never over another runner's (so a killed worker or runner leaves no
+partial record). A runner holds a lock file per cell while it runs it, so two runners on one
+folder share the cells and never both run one; a lock whose runner died is taken over.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
+import shlex
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
+
+from .experiments import EXPERIMENTS, experiment
+from .provenance import git_state
+from .records import (
+    MAX_RECORD_BYTES,
+    Cell,
+    CellLocks,
+    cell_key,
+    dumps_record,
+    jsonable,
+    make_cells,
+    read_records,
+    records_frame,
+    write_atomic,
+    write_csv,
+)
+from .results import store_dir, update_manifest
+from .sweep_backends import BACKENDS, WorkerLost, execute_cell, make_backend
 
 __all__ = [
     "EXPERIMENTS",
     "Cell",
     "add_subcommand",
     "cell_key",
+    "execute_cell",
     "load_cell",
     "load_results",
     "make_cells",
+    "run_experiment",
     "run_sweep",
+    "sweep_command",
 ]
 
-from .experiments import EXPERIMENTS, experiment
 
-
-@dataclass(frozen=True)
-class Cell:
-    """One run of a sweep: configuration ``config`` with ``params``, at ``seed``."""
-
-    config: str
-    seed: int
-    params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-
-
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def cell_key(cell: Cell) -> str:
-    """File stem of a cell: ``<config>__seed<seed>__<10 hex of the parameters' sha1>``."""
-    h = hashlib.sha1(_canonical(cell.params).encode()).hexdigest()[:10]
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in cell.config)
-    return f"{safe}__seed{cell.seed}__{h}"
-
-
-def make_cells(configs: dict[str, dict[str, Any]], seeds: Sequence[int]) -> list[Cell]:
-    """Every ``(config, seed)`` pair, seeds innermost (so a partial sweep covers configs evenly
-    only if it finishes; order is config-major to keep a configuration's seeds together)."""
-    return [Cell(name, int(s), dict(p)) for name, p in configs.items() for s in seeds]
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, default=float))
-    os.replace(tmp, path)
-
-
-def load_cell(out_dir: str | os.PathLike[str], cell: Cell) -> dict[str, Any]:
-    """The full JSON record of a finished cell (metrics, and any dicts or lists it stored)."""
+def load_cell(out_dir: str | Path, cell: Cell) -> dict[str, Any]:
+    """The full JSON record of a finished cell (metrics, histories, params, provenance)."""
     path = Path(out_dir) / "cells" / f"{cell_key(cell)}.json"
     if not path.exists():
         raise FileNotFoundError(f"cell {cell.config} seed={cell.seed} is not finished: no {path}")
     return dict(json.loads(path.read_text()))
 
 
-def load_results(
-    out_dir: str | os.PathLike[str], cells: Iterable[Cell] | None = None
-) -> pd.DataFrame:
+def load_results(out_dir: str | Path, cells: Iterable[Cell] | None = None) -> pd.DataFrame:
     """Finished cells as a DataFrame (one row each; scalar metrics only).
 
-    With ``cells``, only those cells (in that order, missing ones skipped); else every JSON
-    under ``out_dir/cells``.
-    """
-    root = Path(out_dir) / "cells"
+    With ``cells``, only those cells (in that order, missing ones skipped); else every record
+    under ``out_dir/cells``."""
     if cells is None:
-        paths = sorted(root.glob("*.json"))
-    else:
-        paths = [root / f"{cell_key(c)}.json" for c in cells]
-    rows = []
-    for p in paths:
-        if not p.exists():
-            continue
-        rec = json.loads(p.read_text())
-        rows.append({k: v for k, v in rec.items() if not isinstance(v, dict | list)})
-    return pd.DataFrame(rows)
+        return records_frame(read_records(out_dir))
+    paths = [Path(out_dir) / "cells" / f"{cell_key(c)}.json" for c in cells]
+    return records_frame(json.loads(p.read_text()) for p in paths if p.exists())
+
+
+# ----------------------------------------------------------------------------------------
+# the runner
+# ----------------------------------------------------------------------------------------
 
 
 def run_sweep(
     cells: Sequence[Cell],
     run_cell: Callable[[dict[str, Any], int], dict[str, Any]],
-    out_dir: str | os.PathLike[str],
+    out_dir: str | Path,
     *,
     resume: bool = True,
     log: Callable[[str], None] | None = print,
     threads: int | None = 1,
+    backend: str = "local",
+    workers: int = 1,
+    address: Any = None,
+    gpus_per_cell: int = 0,
+    progress: bool | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    max_attempts: int = 3,
+    stale_after: float = 300.0,
 ) -> pd.DataFrame:
     """Run every cell not already finished under ``out_dir``; return all their results.
 
     Args:
         cells: the sweep (see :func:`make_cells`).
-        run_cell: ``(params, seed) -> dict`` of metrics for one cell.
+        run_cell: ``(params, seed) -> dict`` of metrics for one cell (a module-level function
+            for ``workers > 1`` or ``dask``: it is sent to other processes by reference).
         out_dir: where cells and ``results.csv`` are written (created if missing).
-        resume: skip cells whose JSON exists (False re-runs and overwrites them).
+        resume: skip cells whose record exists (False re-runs and overwrites them).
         log: progress printer (None for silence).
-        threads: torch intra-op threads while the sweep runs (restored after; None = leave).
-            One thread by default: on a shared, oversubscribed machine several OpenMP threads
-            per process made small models over ten times slower here.
+        threads: torch intra-op threads per cell (None = leave). One by default: on a shared,
+            oversubscribed machine several OpenMP threads per process made small models over
+            ten times slower here, and one thread makes CPU results reproducible bit for bit.
+        backend, workers, address, gpus_per_cell: where cells run (see the module docstring).
+        progress: a tqdm bar on stderr (None: when stderr is a terminal).
+        provenance: ``command``, ``experiment``, ``preset`` stored in each record.
+        max_attempts: runs of one cell whose worker died before it is given up.
+        stale_after: seconds without a heartbeat after which another runner's lock is stale.
 
     Returns:
         The results of ``cells`` (in order), with columns ``config``, ``seed``, ``key``,
@@ -134,54 +142,204 @@ def run_sweep(
     if len(set(keys)) != len(keys):
         dup = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"duplicate cells in the sweep: {dup}")
+    if workers > 1 or backend != "local":
+        if getattr(run_cell, "__module__", "__main__") == "__main__":
+            raise ValueError("run_cell must be importable (defined in a module) to run in workers")
+    context = {"command": None, "experiment": None, "preset": None, **(provenance or {}),
+               **git_state(), "backend": backend}  # fmt: skip
+    todo = [(c, k) for c, k in zip(cells, keys) if not (resume and _path(root, k).exists())]
+    from tqdm.auto import tqdm
+
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not show, unit="cell",
+               desc=str(context["experiment"] or root.name), file=sys.stderr)  # fmt: skip
+
+    def say(msg: str) -> None:
+        if log is not None:
+            with bar.external_write_mode():  # above the bar, which is then drawn again
+                log(msg)
+
     t_all = time.perf_counter()
-    n_run = 0
-    threads_before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    locks = CellLocks(root / "cells", stale_after=stale_after, heartbeat=min(30.0, stale_after / 4))
+    exe = make_backend(backend, workers, address, threads, gpus_per_cell)
+    ok = False
     try:
-        n_run = _run_cells(cells, keys, run_cell, root, resume, log)
+        n_run = _drive(todo, run_cell, exe, locks, root, context, resume, threads, max_attempts,
+                       bar, say)  # fmt: skip
+        ok = True
     finally:
-        torch.set_num_threads(threads_before)
+        exe.close(abort=not ok)
+        locks.close()
+        bar.close()
+        write_csv(root)
     df = load_results(root, cells)
-    load_results(root).to_csv(root / "results.csv", index=False)
-    if log is not None:
-        log(
-            f"[sweep] {n_run} cell(s) run, {len(cells) - n_run} reused, "
-            f"{time.perf_counter() - t_all:.1f} s; results in {root / 'results.csv'}"
-        )
+    say(f"[sweep] {n_run} cell(s) run, {len(cells) - n_run} reused, "
+        f"{time.perf_counter() - t_all:.1f} s; results in {root / 'results.csv'}")  # fmt: skip
     return df
 
 
-def _run_cells(
-    cells: Sequence[Cell],
-    keys: list[str],
+def _path(root: Path, key: str) -> Path:
+    return root / "cells" / f"{key}.json"
+
+
+def _drive(
+    todo: list[tuple[Cell, str]],
     run_cell: Callable[[dict[str, Any], int], dict[str, Any]],
+    exe: Any,
+    locks: CellLocks,
     root: Path,
+    context: dict[str, Any],
     resume: bool,
-    log: Callable[[str], None] | None,
+    threads: int | None,
+    max_attempts: int,
+    bar: Any,
+    say: Callable[[str], None],
 ) -> int:
+    """Submit cells as capacity allows, write each record as it returns; cells locked by
+    another runner wait until it finishes them (or its lock goes stale). Returns cells run."""
+    pending = deque(todo)
+    waiting: list[tuple[Cell, str]] = []
+    inflight: dict[Any, tuple[Cell, str]] = {}
+    attempts: Counter[str] = Counter()
     n_run = 0
-    for i, (cell, key) in enumerate(zip(cells, keys)):
-        path = root / "cells" / f"{key}.json"
-        if resume and path.exists():
+    while pending or inflight or waiting:
+        while pending and len(inflight) < exe.capacity():
+            cell, key = pending.popleft()
+            if resume and _path(root, key).exists():
+                bar.update(1)  # another runner finished it
+            elif not locks.try_acquire(key):
+                waiting.append((cell, key))
+            elif resume and _path(root, key).exists():
+                locks.release(key)
+                bar.update(1)
+            else:
+                inflight[exe.submit(execute_cell, run_cell, cell.params, cell.seed, threads)] = (cell, key)  # fmt: skip
+        if not inflight:
+            if waiting:
+                time.sleep(0.5)
+                pending.extend(waiting)
+                waiting.clear()
             continue
-        t0 = time.perf_counter()
-        metrics = run_cell(dict(cell.params), cell.seed)
-        dt = time.perf_counter() - t0
-        rec = {
-            "config": cell.config,
-            "seed": cell.seed,
-            "key": key,
-            "cell_seconds": dt,
-            **metrics,
-            "params": cell.params,
-        }
-        _write_json(path, rec)
-        n_run += 1
-        if log is not None:
-            log(f"[sweep] {i + 1}/{len(cells)} {cell.config} seed={cell.seed}: {dt:.1f} s")
+        for fut in exe.wait(list(inflight), timeout=1.0):
+            cell, key = inflight.pop(fut)
+            try:
+                out = exe.result(fut)
+            except WorkerLost as e:
+                locks.release(key)
+                attempts[key] += 1
+                if attempts[key] >= max_attempts:
+                    raise RuntimeError(f"cell {cell.config} seed={cell.seed}: its worker died "
+                                       f"{attempts[key]} times ({e})") from e  # fmt: skip
+                say(f"[sweep] {cell.config} seed={cell.seed}: worker died, cell retried")
+                pending.appendleft((cell, key))
+                continue
+            except Exception as e:
+                raise RuntimeError(f"cell {cell.config} seed={cell.seed} failed: {e!r}") from e
+            text = dumps_record(_record(cell, key, out, context))
+            if len(text) > MAX_RECORD_BYTES:
+                say(f"[sweep] warning: the record of {cell.config} seed={cell.seed} is "
+                    f"{len(text) / 1e6:.1f} MB; the results store is for metrics, not weights")  # fmt: skip
+            written = write_atomic(_path(root, key), text, overwrite=not resume)
+            locks.release(key)
+            n_run += int(written)
+            bar.update(1)
+            say(f"[sweep] {cell.config} seed={cell.seed}: {out['cell_seconds']:.1f} s "
+                f"({n_run}/{len(todo)} to run)")  # fmt: skip
     return n_run
+
+
+def _record(cell: Cell, key: str, out: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    from datetime import datetime
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+    env = out["environment"]
+    return {
+        "config": cell.config, "seed": cell.seed, "key": key, "cell_seconds": out["cell_seconds"],
+        **out["metrics"],
+        "params": jsonable(cell.params, "params"),
+        "provenance": {**context, "started": iso(out["started"]),
+                       "finished": iso(out["started"] + out["cell_seconds"]), **env},
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------
+# experiments: grids by name, the command line
+# ----------------------------------------------------------------------------------------
+
+
+def experiment_grid(
+    name: str, preset: str = "book", params: Mapping[str, Any] | None = None
+) -> tuple[Any, dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(module, grid parameters, grid)`` of experiment ``name``: its ``PRESETS[preset]``
+    updated with ``params``, and ``chapter_grid(**those)``."""
+    mod = experiment(name)
+    if preset not in mod.PRESETS:
+        raise ValueError(f"unknown preset {preset!r} of {name}; known: {', '.join(mod.PRESETS)}")
+    kwargs = {**mod.PRESETS[preset], **(params or {})}
+    return mod, kwargs, mod.chapter_grid(**kwargs)
+
+
+def sweep_command(
+    name: str,
+    preset: str,
+    params: Mapping[str, Any],
+    seeds: Sequence[int],
+    *,
+    only: Sequence[str] | None = None,
+    out: str | Path | None = None,
+) -> str:
+    """The ``python -m attention_atlas sweep`` line that runs this grid: ``-p`` for each of
+    ``params`` that differs from the preset (or ``chapter_grid``'s default)."""
+    import inspect
+
+    mod = experiment(name)
+    base = {k: p.default for k, p in inspect.signature(mod.chapter_grid).parameters.items()}
+    base.update(mod.PRESETS.get(preset, {}))
+    over = []
+    for k, v in params.items():
+        if jsonable(v) != jsonable(base.get(k)):
+            value = json.dumps(jsonable(v), separators=(",", ":"))
+            over.append("-p " + shlex.quote(f"{k}={value}"))
+    parts = ["python -m attention_atlas sweep", name, "--preset", preset,
+             "--seeds", *map(str, seeds), *over]  # fmt: skip
+    if only:
+        parts += ["--only", *only]
+    if out is not None:
+        parts += ["--out", shlex.quote(str(out))]
+    return " ".join(parts)
+
+
+def run_experiment(
+    name: str,
+    *,
+    preset: str = "book",
+    params: Mapping[str, Any] | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    only: Sequence[str] | None = None,
+    out_dir: str | Path | None = None,
+    command_out: bool = True,
+    **sweep_kwargs: Any,
+) -> pd.DataFrame:
+    """Run experiment ``name``'s grid (``PRESETS[preset]`` updated with ``params``) over
+    ``seeds`` into ``out_dir`` (default the results store, ``results/<name>/<preset>``),
+    recording the grid in ``grid.json``; ``sweep_kwargs`` go to :func:`run_sweep`. The records'
+    command names ``--out`` when it is not the default (and ``command_out``)."""
+    mod, kwargs, grid = experiment_grid(name, preset, params)
+    run = grid
+    if only:
+        unknown = sorted(set(only) - set(grid))
+        if unknown:
+            raise ValueError(f"unknown configuration(s) {unknown}; known: {', '.join(grid)}")
+        run = {k: v for k, v in grid.items() if k in only}
+    out = Path(out_dir) if out_dir is not None else store_dir(name, preset)
+    default_out = out_dir is None or out.resolve() == store_dir(name, preset).resolve()
+    command = sweep_command(name, preset, kwargs, seeds, only=only,
+                            out=None if default_out or not command_out else out_dir)  # fmt: skip
+    update_manifest(out, experiment=name, preset=preset, params=kwargs, configs=grid, seeds=seeds)
+    prov = {"command": command, "experiment": name, "preset": preset}
+    return run_sweep(make_cells(run, seeds), mod.run_cell, out, provenance=prov, **sweep_kwargs)
 
 
 def _parse_value(text: str) -> Any:
@@ -195,11 +353,12 @@ def add_subcommand(subparsers: Any) -> None:
     """Register ``sweep`` on the command line (see :mod:`attention_atlas.__main__`)."""
     p = subparsers.add_parser(
         "sweep",
-        help="run an experiment grid over seeds (resumable), results under artifacts/",
+        help="run an experiment grid over seeds (resumable; local pool or Dask cluster)",
         description=(
             "Run every (configuration, seed) cell of an experiment grid that is not finished yet; "
-            "write one JSON per cell and results.csv. Example: python -m attention_atlas sweep "
-            "fiber-bundle --preset book --seeds 0 1 2 --out artifacts/fiber_bundle/book"
+            "write one JSON per cell and results.csv, by default into the results store "
+            "results/<experiment>/<preset>/. Example: python -m attention_atlas sweep "
+            "fiber-bundle --preset long --seeds 0 1 2 3 4 --workers 2"
         ),
     )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which experiment grid")
@@ -208,7 +367,7 @@ def add_subcommand(subparsers: Any) -> None:
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
     p.add_argument(
-        "--out", default=None, help="output folder (default artifacts/<experiment>/<preset>)"
+        "--out", default=None, help="output folder (default results/<experiment>/<preset>)"
     )
     p.add_argument("--only", nargs="+", default=None, help="run only these configurations")
     p.add_argument(
@@ -216,7 +375,24 @@ def add_subcommand(subparsers: Any) -> None:
         help="override a grid parameter (JSON value), e.g. -p steps=500 -p ablations=true",
     )  # fmt: skip
     p.add_argument("--no-resume", action="store_true", help="re-run finished cells")
+    _add_backend_arguments(p)
     p.set_defaults(func=_cli_sweep)
+
+
+def _add_backend_arguments(p: Any) -> None:
+    g = p.add_argument_group("where cells run")
+    g.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: this machine, no server (default); dask: a Dask cluster")  # fmt: skip
+    g.add_argument("--workers", type=int, default=1,
+                   help="local processes (local backend, or dask without --address); default 1")  # fmt: skip
+    g.add_argument("--address", default=None, metavar="HOST:PORT",
+                   help="Dask scheduler address (e.g. tcp://10.0.0.5:8786)")  # fmt: skip
+    g.add_argument("--scheduler-file", default=None,
+                   help="Dask scheduler file (dask scheduler --scheduler-file ...)")  # fmt: skip
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch threads per cell, and its CPU request on Dask (default 1)")  # fmt: skip
+    g.add_argument("--gpus-per-cell", type=int, default=0, help="GPU request per cell on Dask")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _cli_sweep(args: Any) -> int:
@@ -235,8 +411,38 @@ def _cli_sweep(args: Any) -> int:
         if unknown:
             raise SystemExit(f"unknown configuration(s) {unknown}; known: {', '.join(grid)}")
         grid = {k: v for k, v in grid.items() if k in args.only}
-    out = args.out or str(Path("artifacts") / args.experiment / args.preset)
+    out = args.out or str(store_dir(args.experiment, args.preset))
     print(f"sweep {args.experiment} preset={args.preset} {kwargs}: {len(grid)} configurations "
           f"x {len(args.seeds)} seeds -> {out}")  # fmt: skip
-    run_sweep(make_cells(grid, args.seeds), mod.run_cell, out, resume=not args.no_resume)
+    return _run_cli_sweep(args, kwargs)
+
+
+def _run_cli_sweep(args: Any, kwargs: dict[str, Any]) -> int:
+    address = args.address
+    if args.backend != "dask" and (address or args.scheduler_file):
+        raise SystemExit("--address and --scheduler-file need --backend dask")
+    for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 1),
+                               ("--gpus-per-cell", args.gpus_per_cell, 0)):  # fmt: skip
+        if value < least:
+            raise SystemExit(f"{flag} must be at least {least}, got {value}")
+    if args.scheduler_file is not None:
+        try:
+            address = json.loads(Path(args.scheduler_file).read_text())["address"]
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(
+                f"--scheduler-file {args.scheduler_file}: no scheduler address ({e})"
+            ) from e
+    try:
+        _run_grid_from_cli(args, kwargs, address)
+    except ValueError as e:  # a folder holding another grid, a backend that cannot start
+        raise SystemExit(f"sweep {args.experiment}: {e}") from e
     return 0
+
+
+def _run_grid_from_cli(args: Any, kwargs: dict[str, Any], address: str | None) -> None:
+    run_experiment(
+        args.experiment, preset=args.preset, params=kwargs, seeds=args.seeds, only=args.only,
+        out_dir=args.out, resume=not args.no_resume, threads=args.threads, backend=args.backend,
+        workers=args.workers, address=address, gpus_per_cell=args.gpus_per_cell,
+        progress=False if args.no_progress else None,
+    )  # fmt: skip

@@ -1,0 +1,115 @@
+"""A tiny experiment for the sweep runner's own tests and for ``results verify`` in CI.
+
+One causal dot-product attention layer (:class:`~attention_atlas.attention.dot.DotProductAttention`
+through the registry) learns the previous-token copy task: at position ``t >= 1`` predict
+``x_{t-1}`` from ``x_{<=t}``. Token and position embeddings ``(V, D)``, ``(L, D)``, the
+attention layer, a linear read-out ``(D, V)``; Adam for ``steps`` steps on fresh random batches.
+A cell takes well under a second on one CPU thread and is deterministic there (same seed, same
+numbers, bit for bit), so tests can compare backends exactly and CI can re-run a stored cell.
+
+``python -m attention_atlas sweep toy --preset book --seeds 0`` makes the stored cells in
+``results/toy/book/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.registry import build_attention
+
+__all__ = ["PRESETS", "PreviousTokenModel", "chapter_grid", "run_cell"]
+
+#: parameter sets of ``python -m attention_atlas sweep toy --preset NAME``
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {"steps": 5, "dims": [8]},
+    "book": {},
+}
+
+
+class PreviousTokenModel(nn.Module):
+    """Embeddings, one causal attention layer and a read-out: tokens ``(B, L)`` -> logits
+    ``(B, L, V)``."""
+
+    def __init__(self, vocab: int, seq_len: int, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(seq_len, dim)
+        self.attn = build_attention("dot", dim=dim, n_heads=n_heads)
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))  # (B, L, D)
+        return self.out(h + self.attn(h, causal=True).out)  # (B, L, V)
+
+
+def chapter_grid(
+    *,
+    steps: int = 30,
+    dims: list[int] | tuple[int, ...] = (8, 16),
+    vocab: int = 8,
+    seq_len: int = 8,
+    batch_size: int = 16,
+    n_heads: int = 2,
+    lr: float = 3e-2,
+) -> dict[str, dict[str, Any]]:
+    """One configuration per model width: ``dim-<D>`` -> its parameters."""
+    return {
+        f"dim-{d}": {
+            "dim": int(d),
+            "n_heads": n_heads,
+            "vocab": vocab,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "steps": steps,
+            "lr": lr,
+        }  # fmt: skip
+        for d in dims
+    }
+
+
+def _batch(gen: torch.Generator, batch_size: int, seq_len: int, vocab: int) -> Tensor:
+    return torch.randint(vocab, (batch_size, seq_len), generator=gen)  # (B, L)
+
+
+def _loss_and_accuracy(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    logits = model(x)[:, 1:]  # position t predicts x_{t-1}: (B, L-1, V)
+    target = x[:, :-1]
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+    return loss, (logits.argmax(-1) == target).float().mean()
+
+
+def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Train :class:`PreviousTokenModel` with ``params`` at ``seed`` on the CPU.
+
+    Returns ``loss_initial``, ``loss_final``, ``accuracy_final`` (cross-entropy in nats and
+    accuracy on one held-out batch of 64 sequences, before and after training) and ``history``
+    (``step``, ``loss``: the training loss of every step).
+    """
+    torch.manual_seed(seed)
+    model = PreviousTokenModel(params["vocab"], params["seq_len"], params["dim"], params["n_heads"])
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    held_out = _batch(gen, 64, params["seq_len"], params["vocab"])
+    opt = torch.optim.Adam(model.parameters(), lr=params["lr"])
+    with torch.no_grad():
+        loss_initial = float(_loss_and_accuracy(model, held_out)[0])
+    losses = []
+    for _ in range(params["steps"]):
+        loss, _acc = _loss_and_accuracy(
+            model, _batch(gen, params["batch_size"], params["seq_len"], params["vocab"])
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        loss_final, acc_final = _loss_and_accuracy(model, held_out)
+    return {
+        "loss_initial": loss_initial,
+        "loss_final": float(loss_final),
+        "accuracy_final": float(acc_final),
+        "history": {"step": list(range(1, len(losses) + 1)), "loss": losses},
+    }

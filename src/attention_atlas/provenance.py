@@ -1,0 +1,140 @@
+"""Provenance: where a cell ran (captured in the worker and the runner) and where a grid's
+records came from (summarised in one line to print beside a figure).
+
+A record's ``provenance`` holds the run's ``command``, ``experiment``, ``preset``,
+``git_commit`` and ``git_dirty``, ``backend``, ``started``/``finished`` (UTC), and the
+worker's :func:`environment`: ``device`` (``cuda`` when the cell used the GPU), ``cpu``,
+``gpu``, torch ``threads``, ``platform`` and library ``versions``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Provenance", "environment", "format_duration", "git_state"]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(*, used_cuda: bool) -> dict[str, Any]:
+    """Where a cell ran (called in the worker): ``device`` (``"cuda"`` if the cell used the
+    GPU, else ``"cpu"``), ``cpu`` and ``gpu`` names, torch ``threads``, library ``versions``."""
+    import torch
+
+    from . import __version__
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "device": "cuda" if used_cuda else "cpu",
+        "cpu": _cpu_model(),
+        "gpu": gpu,
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "attention_atlas": __version__,
+            **({"cuda": torch.version.cuda} if gpu else {}),
+        },
+    }
+
+
+def git_state(repo: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``git_commit`` (None outside a git checkout) and ``git_dirty`` (uncommitted changes
+    under ``src/``, ``pyproject.toml`` or ``requirements.lock``: what can change a result)."""
+    root = Path(repo) if repo is not None else Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return {"git_commit": None, "git_dirty": None}
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(
+            git("status", "--porcelain", "--", "src", "pyproject.toml", "requirements.lock")
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def format_duration(seconds: float) -> str:
+    """``41 s``, ``12 min`` or ``3.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _listed(items: Sequence[str], noun: str) -> str:
+    if not items:
+        return f"{noun} unknown"
+    more = f" and {len(items) - 1} more" if len(items) > 1 else ""
+    return f"{noun} {items[0]}{more}" if noun else f"{items[0]}{more}"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a grid's records came from, summarised over its cells."""
+
+    source: str  #: "stored" (loaded from the store) or "computed" (run for this chapter)
+    experiment: str
+    preset: str
+    folder: str
+    commands: tuple[str, ...]  #: the distinct commands that made the cells, first first
+    commits: tuple[str, ...]  #: short commits (``-dirty`` when made with uncommitted changes)
+    dates: tuple[str, ...]  #: first and last day a cell finished (UTC)
+    devices: tuple[str, ...]  #: ``GPU <name>``, or ``CPU <model>, <n> thread(s)``
+    n_cells: int
+    compute_seconds: float  #: sum of the cells' wall times
+
+    @classmethod
+    def from_records(
+        cls, records: Sequence[Mapping[str, Any]], *, source: str, experiment: str, preset: str,
+        folder: str | os.PathLike[str],
+    ) -> Provenance:  # fmt: skip
+        provs = [r.get("provenance", {}) for r in records]
+
+        def unique(values: list[Any]) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(str(v) for v in values if v))
+
+        commits = [(p["git_commit"] or "")[:7] + ("-dirty" if p.get("git_dirty") else "")
+                   for p in provs if p.get("git_commit")]  # fmt: skip
+        days = sorted(str(p["finished"])[:10] for p in provs if p.get("finished"))
+        devices = [f"GPU {p.get('gpu')}" if p.get("device") == "cuda" else
+                   f"CPU {p.get('cpu', '?')}, {p.get('threads', '?')} thread(s)" for p in provs]  # fmt: skip
+        return cls(source, experiment, preset, str(folder), unique([p.get("command") for p in provs]),
+                   unique(commits), unique([days[0], days[-1]] if days else []), unique(devices),
+                   len(records), float(sum(r.get("cell_seconds", 0.0) for r in records)))  # fmt: skip
+
+    @property
+    def text(self) -> str:
+        """One line to print beside a figure: command, commit, date, device, size."""
+        lead = "stored results of" if self.source == "stored" else "computed here, as by"
+        command = f"`{self.commands[0]}`" if self.commands else f"a sweep into {self.folder}"
+        if len(self.commands) > 1:
+            command += f" (and {len(self.commands) - 1} more runs)"
+        return (f"{lead} {command}, {_listed(self.commits, 'commit')}, {' to '.join(self.dates) or 'date unknown'}, "
+                f"{_listed(self.devices, '')}; {self.n_cells} cells, {format_duration(self.compute_seconds)} of compute")  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.text

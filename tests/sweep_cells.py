@@ -1,0 +1,54 @@
+"""Cell functions for the sweep tests, importable by worker processes (local pool, Dask).
+
+Each wraps the toy experiment's cell (:func:`attention_atlas.experiments.toy.run_cell`) with
+what a test needs to see from outside: a start mark per attempt (``$SWEEP_TEST_MARKS``), a
+pause (``$SWEEP_TEST_SLEEP`` seconds) so a test can act while the cell runs, or a death.
+Test-only behaviour comes from the environment, never from the parameters, so the cells'
+keys and results are those of the toy experiment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from attention_atlas.experiments import toy
+
+
+def mark_start(params: dict[str, Any], seed: int) -> Path | None:
+    """Write ``<marks>/dim-<D>_seed<seed>_pid<pid>_<ns>.start`` if ``$SWEEP_TEST_MARKS`` is set."""
+    marks = os.environ.get("SWEEP_TEST_MARKS")
+    if not marks:
+        return None
+    path = Path(marks) / f"dim-{params['dim']}_seed{seed}_pid{os.getpid()}_{time.time_ns()}.start"
+    path.touch()
+    return path
+
+
+def toy_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The toy cell, after a start mark and a pause of ``$SWEEP_TEST_SLEEP`` seconds."""
+    mark_start(params, seed)
+    time.sleep(float(os.environ.get("SWEEP_TEST_SLEEP", "0")))
+    return toy.run_cell(params, seed)
+
+
+def die_once_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Kill its own process (SIGKILL, mid-cell) on the first attempt at ``dim == 8``; the toy
+    cell otherwise. Attempts are remembered in ``$SWEEP_TEST_MARKS``."""
+    mark = mark_start(params, seed)
+    assert mark is not None, "die_once_cell needs $SWEEP_TEST_MARKS"
+    if params["dim"] == 8 and len(list(mark.parent.glob(f"dim-8_seed{seed}_*.start"))) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return toy.run_cell(params, seed)
+
+
+def starts(marks: Path) -> dict[tuple[int, int], list[int]]:
+    """``(dim, seed) ->`` the pids that started that cell, in order."""
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for p in marks.glob("*.start"):
+        dim, seed, pid, ns = p.stem.split("_")
+        out.setdefault((int(dim[4:]), int(seed[4:])), []).append((int(ns), int(pid[3:])))
+    return {k: [pid for _, pid in sorted(v)] for k, v in out.items()}

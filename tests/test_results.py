@@ -1,0 +1,169 @@
+"""The results store: grids loaded with provenance, stored-or-run for chapters, verify."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from attention_atlas import results
+from attention_atlas.__main__ import main
+from attention_atlas.experiments import toy
+from attention_atlas.provenance import git_state
+from attention_atlas.records import read_records
+from attention_atlas.sweep import run_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A results store in a temporary folder holding the toy experiment's smoke grid."""
+    monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
+    run_experiment("toy", preset="smoke", seeds=[0, 1], log=None, progress=False)
+    return tmp_path
+
+
+def test_load_grid_gives_every_cell_and_one_line_of_provenance(store: Path) -> None:
+    grid = results.load_grid("toy", "smoke")
+    assert grid.complete and sorted(grid.records) == [("dim-8", 0), ("dim-8", 1)]
+    assert list(grid.frame["seed"]) == [0, 1] and "loss_final" in grid.frame
+    assert len(grid.records[("dim-8", 1)]["history"]["loss"]) == toy.PRESETS["smoke"]["steps"]
+    text = grid.provenance.text
+    commit = (git_state()["git_commit"] or "")[:7]
+    today = datetime.now(UTC).date().isoformat()
+    assert text.startswith(
+        "stored results of `python -m attention_atlas sweep toy --preset smoke --seeds 0 1`"
+    )
+    assert f"commit {commit}" in text and today in text and "CPU " in text and "2 cells" in text
+    assert str(grid.provenance) == text
+
+
+def test_an_incomplete_grid_names_what_is_missing_and_how_to_resume(store: Path) -> None:
+    next((store / "toy" / "smoke" / "cells").glob("dim-8__seed1__*.json")).unlink()
+    with pytest.raises(
+        results.IncompleteGrid, match=r"1 of 2 cells missing \(e\.g\. dim-8 seed 1\).*--seeds 0 1"
+    ):
+        results.load_grid("toy", "smoke")
+    grid = results.load_grid("toy", "smoke", complete=False)
+    assert grid.missing == [("dim-8", 1)] and len(grid.frame) == 1
+    with pytest.raises(FileNotFoundError, match="no stored grid of toy preset long"):
+        results.load_grid("toy", "long")
+
+
+def test_the_manifest_adds_seeds_and_refuses_another_grid_in_the_same_folder(store: Path) -> None:
+    run_experiment("toy", preset="smoke", seeds=[2], log=None, progress=False)
+    assert json.loads((store / "toy" / "smoke" / "grid.json").read_text())["seeds"] == [0, 1, 2]
+    assert results.load_grid("toy", "smoke").provenance.n_cells == 3
+    with pytest.raises(ValueError, match=r"dim-8: steps 5 -> 6"):
+        run_experiment("toy", preset="smoke", params={"steps": 6}, seeds=[0], log=None)
+
+
+def test_stored_or_run_loads_a_complete_stored_grid_without_running(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(params: dict, seed: int) -> dict:
+        raise AssertionError("ran a cell although the grid is stored")
+
+    monkeypatch.setattr(toy, "run_cell", fail)
+    grid = results.stored_or_run("toy", preset="smoke", seeds=[0], stored="smoke", log=None)
+    assert grid.provenance.source == "stored" and len(grid.frame) == 2
+
+
+def test_stored_or_run_runs_the_chapter_grid_when_nothing_complete_is_stored(
+    store: Path, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    grid = results.stored_or_run("toy", preset="smoke", params={"steps": 3}, seeds=[0], stored="long",
+                                 out_dir=tmp_path / "chapter", log=lines.append)  # fmt: skip
+    assert grid.provenance.source == "computed" and grid.complete and len(grid.frame) == 1
+    assert "no complete stored grid" in lines[0]
+    assert grid.provenance.text.startswith(
+        f"computed here, as by `python -m attention_atlas sweep toy --preset smoke --seeds 0 -p steps=3 --out {tmp_path / 'chapter'}`"
+    )
+    smoke = results.stored_or_run(
+        "toy", preset="smoke", seeds=[0], stored="smoke", use_stored=False, log=None
+    )
+    assert smoke.provenance.source == "computed"
+
+
+def test_compare_is_exact_or_within_the_stated_tolerance() -> None:
+    stored = {
+        "loss": 1.0,
+        "history": {"loss": [1.0, 0.5], "time_s": [0.1, 0.2]},
+        "train_time_s": 3.0,
+    }
+    assert results.compare(stored, stored, rtol=0, atol=0) == ([], 0.0)
+    moved = {
+        "loss": 1.0 + 1e-4,
+        "history": {"loss": [1.0, 0.5], "time_s": [9, 9]},
+        "train_time_s": 7.0,
+    }
+    diffs, worst = results.compare(stored, moved, rtol=0, atol=0)
+    assert diffs == ["loss: 1.0 stored, 1.0001 re-run"] and math.isclose(worst, 1e-4)
+    assert results.compare(stored, moved, rtol=1e-3, atol=0)[0] == []
+    assert results.compare({"x": math.nan}, {"x": math.nan}, rtol=0, atol=0) == ([], 0.0)
+    assert results.compare({"h": [1, 2, 3]}, {"h": [1, 2]}, rtol=1, atol=1)[0] == [
+        "h: length 3 stored, 2 re-run"
+    ]
+    assert results.compare({"h": [1, 2, 3]}, {"h": [1, 5, 6]}, rtol=0, atol=0)[0] == [
+        "h[1]: 2 stored, 5 re-run (and 1 more in h)"
+    ]
+    assert results.compare({"a": 1}, {"b": 1}, rtol=0, atol=0)[0] == [
+        "a: only in the stored record", "b: only in the re-run record"
+    ]  # fmt: skip
+
+
+def test_verify_reproduces_stored_cells_exactly_and_catches_a_changed_one(store: Path) -> None:
+    ok = results.verify(5, experiment="toy", log=None)
+    assert [o.status for o in ok] == ["exact", "exact"]
+    path = ok[0].path
+    rec = json.loads(path.read_text())
+    rec["history"]["loss"][2] = math.nextafter(rec["history"]["loss"][2], 10.0)  # one ulp
+    rec["cell_seconds"] = 1e9  # a timing: never compared
+    path.write_text(json.dumps(rec))
+    bad = results.verify(5, experiment="toy", log=None)
+    assert [o.status for o in bad] == ["differs", "exact"]
+    assert bad[0].detail.startswith("history.loss[2]: ")
+
+
+def test_verify_re_runs_the_committed_toy_cell() -> None:
+    """CI: the stored toy grid in results/ reproduces (exactly on the CPU that made it)."""
+    grid = results.load_grid("toy", "book", root=REPO / "results")
+    assert grid.complete and grid.provenance.n_cells >= 1
+    assert not any(r["provenance"]["git_dirty"] for r in grid.records.values())
+    (outcome,) = results.verify(1, experiment="toy", preset="book", root=REPO / "results", log=None)
+    assert outcome.status in ("exact", "close"), outcome.detail
+
+
+def test_the_results_command_lists_shows_and_verifies(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["results", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "toy" in out and "smoke" in out and "2/2" in out
+    assert main(["results", "show", "toy", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "stored results of" in out and "dim-8" in out and "loss_final" in out
+    assert main(["results", "verify", "--sample", "1", "--experiment", "toy"]) == 0
+    assert "1 exact" in capsys.readouterr().out
+    rec_path = sorted((store / "toy" / "smoke" / "cells").glob("*.json"))[0]
+    rec = json.loads(rec_path.read_text())
+    rec["loss_final"] += 1.0
+    rec_path.write_text(json.dumps(rec))
+    assert main(["results", "verify", "--sample", "2", "--experiment", "toy"]) == 1
+    assert "loss_final" in capsys.readouterr().out
+
+
+def test_a_record_too_large_for_the_store_is_written_with_a_warning(tmp_path: Path) -> None:
+    from attention_atlas.records import MAX_RECORD_BYTES
+    from attention_atlas.sweep import Cell, run_sweep
+
+    lines: list[str] = []
+    run_sweep([Cell("big", 0, {})], lambda p, s: {"weights": [0.123456789] * (MAX_RECORD_BYTES // 10)},
+              tmp_path, log=lines.append)  # fmt: skip
+    assert len(read_records(tmp_path)) == 1
+    assert any("the results store is for metrics" in line for line in lines)
