@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 import pytest
@@ -34,15 +35,17 @@ def test_a_corrupt_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "ptb-word" / "ptb.test.txt"
     bad.parent.mkdir()
     bad.write_text(" not the treebank \n")
-    with pytest.raises(DataFileError, match=r"corrupt .* sha256"):
+    with pytest.raises(DataFileError, match=r"does not match its sha256") as err:
         data_file("ptb-word/ptb.test.txt", tmp_path, download=False)
+    msg = str(err.value)
+    assert F.FILES["ptb-word/ptb.test.txt"].sha256 in msg  # both hashes, on one line
+    assert hashlib.sha256(bad.read_bytes()).hexdigest() in msg and "\n" not in msg
+    assert "was not used" in msg
 
 
 def test_a_missing_file_is_downloaded_checked_and_only_kept_when_its_sha256_matches(
     monkeypatch, tmp_path
 ):
-    import hashlib
-
     src = tmp_path / "source.txt"
     src.write_bytes(b"hello treebank\n")
     good = hashlib.sha256(src.read_bytes()).hexdigest()

@@ -220,22 +220,51 @@ def add_subcommand(subparsers: Any) -> None:
 
 
 def _cli_sweep(args: Any) -> int:
-    mod = experiment(args.experiment)
-    if args.preset not in mod.PRESETS:
-        raise SystemExit(f"unknown preset {args.preset!r}; known: {', '.join(mod.PRESETS)}")
-    kwargs = dict(mod.PRESETS[args.preset])
-    for item in args.params:
-        if "=" not in item:
-            raise SystemExit(f"-p {item!r} must look like key=value")
-        key, val = item.split("=", 1)
-        kwargs[key] = _parse_value(val)
-    grid = mod.chapter_grid(**kwargs)
-    if args.only:
-        unknown = sorted(set(args.only) - set(grid))
+    import inspect
+
+    from .validate import ConfigError, close_matches
+
+    def checked() -> tuple[Any, dict[str, Any], dict[str, Any], str]:
+        """The experiment module, its grid parameters, the grid and the output folder; every
+        argument checked before any cell runs (ConfigError, one line, exit 2)."""
+        mod = experiment(args.experiment)
+        if args.preset not in mod.PRESETS:
+            raise ConfigError(
+                f"--preset: unknown preset {args.preset!r}{close_matches(args.preset, mod.PRESETS)}"
+                f" of {args.experiment}; known: {', '.join(mod.PRESETS)}"
+            )
+        if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+            raise ConfigError(f"--seeds: expected distinct integers >= 0, got {args.seeds}")
+        kwargs = dict(mod.PRESETS[args.preset])
+        params = inspect.signature(mod.chapter_grid).parameters
+        open_ended = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        for item in args.params:
+            key, sep, val = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"-p {item!r} must look like key=value (e.g. -p steps=500)")
+            if not open_ended and key not in params:
+                raise ConfigError(
+                    f"-p: {args.experiment} has no grid parameter {key!r}"
+                    f"{close_matches(key, params)}; it has: {', '.join(params)}"
+                )
+            kwargs[key] = _parse_value(val)
+        try:
+            grid = mod.chapter_grid(**kwargs)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{args.experiment} grid ({args.preset}, -p): {err}") from None
+        unknown = sorted(set(args.only or ()) - set(grid))
         if unknown:
-            raise SystemExit(f"unknown configuration(s) {unknown}; known: {', '.join(grid)}")
+            raise ConfigError(
+                f"--only: unknown configuration(s) {unknown}; known: {', '.join(grid)}"
+            )
+        out = args.out or str(Path("artifacts") / args.experiment / args.preset)
+        if Path(out).is_file():
+            raise ConfigError(f"--out: {out} is a file, expected a folder")
+        return mod, kwargs, grid, out
+
+    mod, kwargs, grid, out = checked()
+    if args.only:
         grid = {k: v for k, v in grid.items() if k in args.only}
-    out = args.out or str(Path("artifacts") / args.experiment / args.preset)
     print(f"sweep {args.experiment} preset={args.preset} {kwargs}: {len(grid)} configurations "
           f"x {len(args.seeds)} seeds -> {out}")  # fmt: skip
     run_sweep(make_cells(grid, args.seeds), mod.run_cell, out, resume=not args.no_resume)
