@@ -57,7 +57,7 @@ class ConfigError(InputError, ValueError):
     relations, or naming something that does not exist. The message is one line."""
 
 
-def one_line(text: object, limit: int = 600) -> str:
+def one_line(text: object, limit: int = 1000) -> str:
     """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
     s = " ".join(str(text).split())
     return s if len(s) <= limit else s[: limit - 3] + "..."

@@ -291,11 +291,10 @@ def data_file(
         if why is not None or not path.exists():
             spec = FILES[name]
             url = FILES[spec.build_from].urls[0] if spec.build_from else spec.urls[0]
-            to = base / (spec.build_from or name)
             raise DataFileError(
                 f"data file {name} is missing from {base} ({source}); {why}; fix: set "
                 f"{ENV_VAR} to a folder holding ptb-char/, ptb-word/ and wikitext-2/, or "
-                f"download {url} to {to}"
+                f"download {url} and save it there as {spec.build_from or name}"
             )
     _verify(path, name)
     return path

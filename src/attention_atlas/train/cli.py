@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,9 @@ def _cli_train(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         print(f"task {task}: {data!r}", file=sys.stderr)
-    res = train(mcfg, tcfg, data, resume=resume)
+    with warnings.catch_warnings():  # a divergence is reported below, in one line
+        warnings.filterwarnings("ignore", "training diverged", RuntimeWarning)
+        res = train(mcfg, tcfg, data, resume=resume)
     if rank != 0:
         return 0 if res.diverged is None else 1
     if res.diverged is not None:
@@ -109,9 +112,36 @@ def _checked(
             f"--resume: there is no checkpoint in {out} (a run writes one every checkpoint_every "
             "steps); run without --resume to start a new run there"
         )
+    if args.resume:
+        _check_resumable(ckpt, mcfg, tcfg)
     if not args.resume and ckpt.exists():
         raise ConfigError(
             f"--out: {out} holds the checkpoint of an earlier run; pass --resume to continue it, "
             "or choose another --out"
         )
     return task, mcfg, tcfg, task_opts, bool(args.resume)
+
+
+def _check_resumable(ckpt: Path, mcfg: ModelConfig, tcfg: TrainConfig) -> None:
+    """Refuse (before the data is loaded) a resume whose settings differ from the checkpoint's;
+    the fields the data fills in are compared when the run starts."""
+    import torch
+
+    from .checkpoint import config_changes
+
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:  # a file that is not a checkpoint
+        raise ConfigError(f"--resume: {ckpt} cannot be read as a checkpoint ({err})") from None
+    data_fields = ("task", "vocab_size", "n_classes", "patch_dim", "max_len")
+    saved_model = {k: v for k, v in state.get("model_config", {}).items() if k not in data_fields}
+    now_model = {k: v for k, v in mcfg.to_dict().items() if k not in data_fields}
+    changes = config_changes(
+        {"model_config": saved_model, "train_config": state.get("train_config", {})},
+        {"model_config": now_model, "train_config": tcfg.to_dict()},
+    )
+    if changes:
+        raise ConfigError(
+            f"cannot resume from {ckpt}: the configuration changed since it was written "
+            f"({'; '.join(changes)}); restore those settings, or start a new run in another folder"
+        )
