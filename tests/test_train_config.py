@@ -79,3 +79,23 @@ def test_a_model_config_states_its_relations():
     with pytest.raises(ValueError, match="dim=10 is not divisible by n_heads=3"):
         ModelConfig(dim=10, n_heads=3)
     assert ModelConfig(dim=10, n_heads=3, head_dim=4).head_dim == 4  # explicit head width
+
+
+def test_a_variant_constructor_check_is_a_config_error_before_any_work():
+    from attention_atlas.attention.dot import DotProductAttention
+    from attention_atlas.attention.registry import register_attention
+    from attention_atlas.models import ModelConfig
+    from attention_atlas.train.config import check_model
+    from attention_atlas.validate import ConfigError
+
+    @register_attention("_test_picky")
+    class Picky(DotProductAttention):
+        def __init__(self, dim: int, n_heads: int, width: int = 1, **kw) -> None:
+            if width < 1:
+                raise ValueError(f"width must be >= 1, got {width}")
+            super().__init__(dim, n_heads, **kw)
+
+    check_model(ModelConfig(dim=8, n_heads=2, attention="_test_picky"))
+    bad = ModelConfig(dim=8, n_heads=2, attention="_test_picky", attention_options={"width": 0})
+    with pytest.raises(ConfigError, match="model settings: width must be >= 1, got 0"):
+        check_model(bad)

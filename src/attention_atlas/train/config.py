@@ -22,6 +22,7 @@ from ..validate import (
     check_fields,
     close_matches,
     from_mapping,
+    one_line,
 )
 
 __all__ = [
@@ -180,6 +181,21 @@ def check_model(cfg: ModelConfig) -> None:
         ]  # fmt: skip
         if missing:
             raise ConfigError(f"{where}: attention variant {name!r} needs option(s) {missing}")
+    _check_builds(cfg)
+
+
+def _check_builds(cfg: ModelConfig) -> None:
+    """Build the model on the meta device (no memory, no data): the checks in the variants'
+    constructors (an option out of range, a rank above the head width) run before any work."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            cfg.build()
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"model settings: {one_line(err)}") from None
+    except Exception:  # noqa: BLE001, S110 (an op the meta device lacks: the real build reports)
+        pass
 
 
 # -- configs from files and the command line ------------------------------------------------------
