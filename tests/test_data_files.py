@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 import pytest
@@ -34,15 +35,17 @@ def test_a_corrupt_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "ptb-word" / "ptb.test.txt"
     bad.parent.mkdir()
     bad.write_text(" not the treebank \n")
-    with pytest.raises(DataFileError, match=r"corrupt .* sha256"):
+    with pytest.raises(DataFileError, match=r"does not match its sha256") as err:
         data_file("ptb-word/ptb.test.txt", tmp_path, download=False)
+    msg = str(err.value)
+    assert F.FILES["ptb-word/ptb.test.txt"].sha256 in msg  # both hashes, on one line
+    assert hashlib.sha256(bad.read_bytes()).hexdigest() in msg and "\n" not in msg
+    assert "was not used" in msg
 
 
 def test_a_missing_file_is_downloaded_checked_and_only_kept_when_its_sha256_matches(
     monkeypatch, tmp_path
 ):
-    import hashlib
-
     src = tmp_path / "source.txt"
     src.write_bytes(b"hello treebank\n")
     good = hashlib.sha256(src.read_bytes()).hexdigest()
@@ -87,3 +90,32 @@ def test_the_char_rule_maps_committed_word_files_to_committed_char_files(split):
 
 def test_the_char_rule_on_a_small_example():
     assert char_ptb_from_word(" a bc \n d \n") == "a _ b c \n d \n "
+
+
+# -- the data command ------------------------------------------------------------------------
+
+
+def test_data_where_names_the_folder_and_why(monkeypatch, tmp_path, capsys):
+    from attention_atlas.__main__ import main
+
+    monkeypatch.setenv("ATTENTION_ATLAS_DATA", str(tmp_path))
+    assert main(["data", "where"]) == 0
+    assert capsys.readouterr().out.strip() == f"{tmp_path}  ($ATTENTION_ATLAS_DATA; exists)"
+    assert main(["data", "where", "--data-dir", str(tmp_path / "new")]) == 0
+    out = capsys.readouterr().out
+    assert "the folder given as the data directory; does not exist yet" in out
+
+
+@needs_data
+def test_data_verify_reports_each_file_ok_missing_or_bad(tmp_path, capsys):
+    from attention_atlas.__main__ import main
+
+    (tmp_path / "ptb-word").mkdir()
+    shutil.copy(SHARED / "ptb-word" / "ptb.valid.txt", tmp_path / "ptb-word" / "ptb.valid.txt")
+    (tmp_path / "ptb-word" / "ptb.test.txt").write_text("not the treebank\n")
+    assert main(["data", "verify", "--data-dir", str(tmp_path)]) == 1
+    status = {ln.split()[1]: ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:]}
+    assert status["ptb-word/ptb.valid.txt"] == "ok"
+    assert status["ptb-word/ptb.train.txt"] == "missing"
+    assert status["ptb-word/ptb.test.txt"] == "BAD"
+    assert main(["data", "verify", "--data-dir", str(SHARED)]) == 0

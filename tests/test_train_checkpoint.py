@@ -1,8 +1,11 @@
-"""Checkpoints and resume: a run killed at any step resumes to the weights and history of an
-uninterrupted run, bit for bit (CPU)."""
+"""Checkpoints and resume: a run killed at any step (even inside a checkpoint write) resumes to
+the weights and history of an uninterrupted run, bit for bit (CPU); a resume under changed
+settings is refused; a non-finite loss stops a run, keeping the last good weights."""
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +17,8 @@ from train_helpers import LOSS_COLUMNS, TINY, tiny_cfg
 
 from attention_atlas.data import copy_task
 from attention_atlas.models import ModelConfig
-from attention_atlas.train import train
+from attention_atlas.train import register_regularizer, train
+from attention_atlas.validate import ConfigError
 
 torch.set_num_threads(1)  # tiny ops on a shared 2-core machine: threads only contend
 
@@ -94,3 +98,128 @@ def test_a_sigkilled_process_resumes_to_bitwise_identical_weights_and_history(
     assert proc.returncode == -9, "the child should die by SIGKILL"
     resumed = train(DROPOUT, tiny_cfg(out_dir=str(out), **RUN), copy_data, resume=True)
     assert_same_run(full_run, resumed)
+
+
+DIE_IN_WRITE_SCRIPT = """
+import io, os, signal, sys, torch
+from attention_atlas.data import copy_task
+from attention_atlas.models import ModelConfig
+from attention_atlas.train import TrainConfig, train
+torch.set_num_threads(1)
+data = copy_task(256, 64, length=6, vocab=5)
+cfg = TrainConfig(steps=14, batch_size=8, lr=1e-2, warmup_steps=3, log_every=3, eval_batches=2,
+                  eval_batch_size=32, progress=False, measure_flops=False, checkpoint_every=4,
+                  out_dir=sys.argv[1])
+real_save, calls = torch.save, [0]
+def dying_save(obj, f, *args, **kwargs):  # the n-th checkpoint: half its bytes, then SIGKILL
+    calls[0] += 1
+    if calls[0] == int(sys.argv[2]):
+        buf = io.BytesIO()
+        real_save(obj, buf, *args, **kwargs)
+        f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_save(obj, f, *args, **kwargs)
+torch.save = dying_save
+train(ModelConfig(dim=16, n_layers=2, n_heads=2, dropout=0.1), cfg, data)
+"""
+
+
+def test_a_process_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
+    copy_data, full_run, tmp_path
+):
+    out = tmp_path / "killed"
+    script = tmp_path / "die_in_write.py"
+    script.write_text(DIE_IN_WRITE_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(out), "2"], timeout=300)
+    assert proc.returncode == -9, "the child should die by SIGKILL inside the second write"
+    partial = out / ".checkpoint.pt.partial"
+    assert partial.exists() and partial.stat().st_size > 0  # the torn write, never renamed
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4  # the old file
+    resumed = train(DROPOUT, tiny_cfg(out_dir=str(out), **RUN), copy_data, resume=True)
+    assert_same_run(full_run, resumed)
+    assert not partial.exists()  # the next write went through it and renamed it
+
+
+def test_a_resume_under_changed_settings_is_refused_listing_every_change(copy_data, tmp_path):
+    out = str(tmp_path / "run")
+    train(TINY, tiny_cfg(steps=4, checkpoint_every=4, out_dir=out), copy_data)
+    changed = ModelConfig(dim=32, n_layers=2, n_heads=2, max_len=64)
+    with pytest.raises(ConfigError, match="the configuration changed") as err:
+        train(changed, tiny_cfg(steps=4, lr=2e-2, checkpoint_every=4, out_dir=out), copy_data, resume=True)  # fmt: skip
+    msg = str(err.value)
+    assert "model.dim: 16 -> 32" in msg and "train.lr: 0.01 -> 0.02" in msg and "\n" not in msg
+    # settings that do not change what is computed may change
+    res = train(TINY, tiny_cfg(steps=4, checkpoint_every=2, num_threads=1, out_dir=out), copy_data, resume=True)  # fmt: skip
+    assert res.final["steps"] == 4
+
+
+def test_the_command_line_refuses_a_changed_resume_and_a_fresh_run_over_a_checkpoint(
+    tmp_path, capsys
+):
+    from attention_atlas.__main__ import main
+
+    base = ["train", "--task", "copy", "-o", "task.n_train=64", "-o", "dim=16", "-o", "n_heads=2"]
+    base += ["-o", "steps=2", "-o", "checkpoint_every=2", "-o", "progress=false", "--out", str(tmp_path)]  # fmt: skip
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main(base) == 2  # no --resume over an earlier run's checkpoint
+    assert "holds the checkpoint of an earlier run" in capsys.readouterr().err
+    assert main([*base, "--resume", "-o", "lr=1e-4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.lr: 0.003 -> 0.0001" in err[0]
+
+
+# -- divergence ----------------------------------------------------------------------------------
+
+FAIL_AT = {"step": 0, "calls": 0}
+
+
+@register_regularizer("_test_nonfinite")
+def nonfinite_at(model, output, batch, *, kind="loss"):
+    """0 until call FAIL_AT["step"]; then a NaN value ("loss") or a finite value whose
+    gradient is not finite ("gradient")."""
+    FAIL_AT["calls"] += 1
+    p = next(model.parameters())
+    if FAIL_AT["calls"] < FAIL_AT["step"]:
+        return (p * 0).sum()
+    if kind == "loss":
+        return (p * 0).sum() + float("nan")
+    return torch.sqrt((p * 0).sum())  # value 0, gradient 1 / (2 sqrt(0)) * 0 = nan
+
+
+@pytest.mark.parametrize("kind,quantity", [("loss", "loss"), ("gradient", "gradient norm")])
+def test_a_non_finite_loss_stops_the_run_keeping_the_last_good_weights(
+    copy_data, tmp_path, kind, quantity
+):
+    FAIL_AT.update(step=6, calls=0)
+    cfg = tiny_cfg(
+        steps=12, checkpoint_every=4, out_dir=str(tmp_path),
+        regularizers=[{"name": "_test_nonfinite", "weight": 1.0, "kind": kind}],
+    )  # fmt: skip
+    with pytest.warns(RuntimeWarning, match=f"diverged at step 6: the {quantity} is nan"):
+        res = train(TINY, cfg, copy_data)
+    assert res.diverged is not None and res.diverged["step"] == 6
+    assert res.record["status"] == "diverged" and res.final["steps"] == 5
+    assert all(math.isnan(v) for k, v in res.final.items() if k.startswith("val_"))
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["status"] == "diverged" and record["diverged"]["quantity"] == quantity
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert ckpt["step"] == 4  # the last good checkpoint is kept
+    assert all(torch.isfinite(p).all() for p in res.model.parameters())
+
+
+def test_the_command_line_reports_divergence_in_one_line_and_exits_1(tmp_path, capsys):
+    from attention_atlas.__main__ import main
+
+    FAIL_AT.update(step=3, calls=0)
+    rc = main(
+        ["train", "--task", "copy", "-o", "task.n_train=64", "-o", "dim=16", "-o", "n_heads=2",
+         "-o", "steps=6", "-o", "progress=false", "-o", "measure_flops=false",
+         "-o", 'regularizers=[{"name": "_test_nonfinite"}]', "--out", str(tmp_path)]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert len([ln for ln in err if ln.startswith("error:")]) == 1
+    assert "error: training diverged at step 3: the loss is nan" in err[-1]

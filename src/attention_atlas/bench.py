@@ -25,7 +25,6 @@ for the chapters to plot; ``python -m attention_atlas bench`` is the command lin
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -35,12 +34,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .atomic import atomic_write_text
 from .attention.base import AttentionResult
 from .attention.registry import build_attention
 
@@ -298,9 +297,7 @@ def compare(
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if json_path is not None:
-        p = Path(json_path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(out, indent=2))
+        atomic_write_text(json.dumps(out, indent=2), json_path)
     return out
 
 
@@ -394,61 +391,3 @@ def format_table(result: dict[str, Any]) -> str:
             row += f" {r['peak_memory_bytes'] / 2**20:>9.2f}"
         lines.append(row)
     return "\n".join(lines)
-
-
-def add_subcommand(subparsers: Any) -> None:
-    """Register ``bench`` on the command line (see :mod:`attention_atlas.__main__`)."""
-    p = subparsers.add_parser(
-        "bench",
-        help="time attention variants against a baseline",
-        description=(
-            "Time registered attention variants (forward and forward+backward of attend on the "
-            "same q, k, v), interleaved, against a baseline; prints a table and writes JSON. "
-            "Example: python -m attention_atlas bench euclidean euclidean@explicit "
-            "--baseline dot -L 1024 --json artifacts/bench/euclid.json"
-        ),
-    )
-    p.add_argument(
-        "variants", nargs="+", help="registry names; NAME@explicit for the materialised path"
-    )
-    p.add_argument("--baseline", default="dot")
-    p.add_argument("-B", "--batch", type=int, default=4)
-    p.add_argument("-H", "--heads", type=int, default=8)
-    p.add_argument("-L", "--length", type=int, default=1024)
-    p.add_argument("-d", "--head-dim", type=int, default=16)
-    p.add_argument(
-        "--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"]
-    )
-    p.add_argument("--device", default=None)
-    p.add_argument("--no-causal", action="store_true")
-    p.add_argument("--no-backward", action="store_true")
-    p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--options", default="{}", help='JSON: {"euclidean": {"tau": 4.0}}')
-    p.add_argument("--json", default=None, help="write the result here")
-    p.set_defaults(func=_cli_bench)
-
-
-def _cli_bench(args: argparse.Namespace) -> int:
-    res = bench_attention(
-        args.variants,
-        args.baseline,
-        batch=args.batch,
-        heads=args.heads,
-        length=args.length,
-        head_dim=args.head_dim,
-        causal=not args.no_causal,
-        dtype=getattr(torch, args.dtype),
-        device=args.device,
-        options=json.loads(args.options),
-        backward=not args.no_backward,
-        memory=not args.no_memory,
-        reps=args.reps,
-        warmup=args.warmup,
-        json_path=args.json,
-    )
-    print(format_table(res))
-    if args.json:
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0

@@ -64,6 +64,8 @@ def _check_factor(U: Tensor, name: str = "U") -> None:
         raise ValueError(f"{name} must have shape (..., d, r), got {tuple(U.shape)}")
     if not U.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {U.dtype}")
+    if U.shape[-2] == 0:
+        raise ValueError(f"{name} must have shape (..., d, r) with d >= 1, got {tuple(U.shape)}")
 
 
 def _check_factor_vector(U: Tensor, x: Tensor) -> None:
@@ -77,6 +79,8 @@ def _check_factor_vector(U: Tensor, x: Tensor) -> None:
         )
     if x.dtype != U.dtype:
         raise ValueError(f"U and x must share a dtype, got {U.dtype} and {x.dtype}")
+    if x.device != U.device:
+        raise ValueError(f"U and x must be on one device, got U on {U.device}, x on {x.device}")
 
 
 def _check_matrix(X: Tensor, name: str = "X") -> None:

@@ -35,6 +35,7 @@ from .attention.base import Attention, AttentionResult
 from .attention.mixed import MixedHeadAttention
 from .attention.registry import build_attention
 from .attention.riemannian import RiemannianAttention, metric_preconditioned_update
+from .validate import Fraction, PositiveFloat, PositiveInt
 
 __all__ = [
     "MLP",
@@ -58,19 +59,20 @@ __all__ = [
 
 @dataclass
 class ModelConfig:
-    """Everything a :class:`Transformer` is built from (and nothing else)."""
+    """Everything a :class:`Transformer` is built from (and nothing else). The annotations state
+    each setting's range (:mod:`attention_atlas.validate`)."""
 
     task: str = "lm"  # "lm" (causal language model) or "classify" (patch-token classifier)
-    vocab_size: int = 50  # lm: number of token types (50 for char-PTB)
-    n_classes: int = 10  # classify: number of classes
-    patch_dim: int = 4  # classify: features per patch token (4 for 2x2 digit patches)
-    dim: int = 128  # model width D
-    n_layers: int = 2  # number of Transformer blocks
-    n_heads: int = 8  # attention heads H per block
-    head_dim: int | None = None  # per-head width d (default dim // n_heads)
-    mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * dim
-    max_len: int = 256  # longest sequence (learned positions)
-    dropout: float = 0.0  # dropout on embeddings, attention output and MLP output
+    vocab_size: PositiveInt = 50  # lm: number of token types (50 for char-PTB)
+    n_classes: PositiveInt = 10  # classify: number of classes
+    patch_dim: PositiveInt = 4  # classify: features per patch token (4 for 2x2 digit patches)
+    dim: PositiveInt = 128  # model width D
+    n_layers: PositiveInt = 2  # number of Transformer blocks
+    n_heads: PositiveInt = 8  # attention heads H per block
+    head_dim: PositiveInt | None = None  # per-head width d (default dim // n_heads)
+    mlp_ratio: PositiveFloat = 4.0  # MLP hidden width = mlp_ratio * dim
+    max_len: PositiveInt = 256  # longest sequence (learned positions)
+    dropout: Fraction = 0.0  # dropout on embeddings, attention output and MLP output
     bias: bool = False  # biases in Linear layers and LayerNorms
     attention: str = "dot"  # registered attention variant used by every layer ...
     attention_options: dict[str, Any] = field(default_factory=dict)  # ... with these options
@@ -92,6 +94,11 @@ class ModelConfig:
         for i, spec in enumerate(self.layers or []):
             if not isinstance(spec, dict) or "name" not in spec:
                 raise ValueError(f"layers[{i}] must be a dict with a 'name' key, got {spec!r}")
+        if self.head_dim is None and self.n_heads > 0 and self.dim % self.n_heads:
+            raise ValueError(
+                f"dim={self.dim} is not divisible by n_heads={self.n_heads}; "
+                "choose them so that it is, or set head_dim"
+            )
 
     @property
     def is_causal(self) -> bool:
@@ -226,6 +233,14 @@ class Transformer(nn.Module):
     def embed(self, inputs: Tensor) -> Tensor:
         """Token ids ``(B, L)`` or patches ``(B, P, patch_dim)`` -> ``(B, L', D)``."""
         cfg = self.cfg
+        if not isinstance(inputs, Tensor):
+            raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__name__}")
+        if inputs.device != self.pos_emb.device:
+            raise ValueError(
+                f"inputs must be on the model's device {self.pos_emb.device}, got {inputs.device}"
+            )
+        if inputs.dim() >= 2 and 0 in inputs.shape[:2]:
+            raise ValueError(f"inputs must not be empty (B, L >= 1), got {tuple(inputs.shape)}")
         if cfg.task == "lm":
             if inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
                 raise ValueError(
@@ -234,11 +249,21 @@ class Transformer(nn.Module):
                 )
             if inputs.shape[1] > cfg.max_len:
                 raise ValueError(f"sequence length {inputs.shape[1]} > max_len={cfg.max_len}")
+            lo, hi = int(inputs.min()), int(inputs.max())
+            if lo < 0 or hi >= cfg.vocab_size:
+                raise ValueError(
+                    f"lm inputs must be token ids in [0, {cfg.vocab_size}), got ids in [{lo}, {hi}]"
+                )
             h = self.tok_emb(inputs)  # (B, L, D)
             return h + self.pos_emb[:, : inputs.shape[1]]
         if inputs.dim() != 3 or inputs.shape[-1] != cfg.patch_dim:
             raise ValueError(
                 f"classify inputs must be patches (B, P, {cfg.patch_dim}), got {tuple(inputs.shape)}"
+            )
+        if inputs.dtype != self.patch_emb.weight.dtype:
+            raise ValueError(
+                f"classify inputs must have the model's dtype {self.patch_emb.weight.dtype}, "
+                f"got {inputs.dtype}"
             )
         if inputs.shape[1] > cfg.max_len:
             raise ValueError(f"{inputs.shape[1]} patches > max_len={cfg.max_len}")

@@ -396,46 +396,77 @@ def _add_backend_arguments(p: Any) -> None:
 
 
 def _cli_sweep(args: Any) -> int:
-    mod = experiment(args.experiment)
-    if args.preset not in mod.PRESETS:
-        raise SystemExit(f"unknown preset {args.preset!r}; known: {', '.join(mod.PRESETS)}")
-    kwargs = dict(mod.PRESETS[args.preset])
-    for item in args.params:
-        if "=" not in item:
-            raise SystemExit(f"-p {item!r} must look like key=value")
-        key, val = item.split("=", 1)
-        kwargs[key] = _parse_value(val)
-    grid = mod.chapter_grid(**kwargs)
-    if args.only:
-        unknown = sorted(set(args.only) - set(grid))
+    import inspect
+
+    from .validate import ConfigError, close_matches
+
+    def checked() -> tuple[Any, dict[str, Any], dict[str, Any], str]:
+        """The experiment module, its grid parameters, the grid and the output folder; every
+        argument checked before any cell runs (ConfigError, one line, exit 2)."""
+        mod = experiment(args.experiment)
+        if args.preset not in mod.PRESETS:
+            raise ConfigError(
+                f"--preset: unknown preset {args.preset!r}{close_matches(args.preset, mod.PRESETS)}"
+                f" of {args.experiment}; known: {', '.join(mod.PRESETS)}"
+            )
+        if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+            raise ConfigError(f"--seeds: expected distinct integers >= 0, got {args.seeds}")
+        kwargs = dict(mod.PRESETS[args.preset])
+        params = inspect.signature(mod.chapter_grid).parameters
+        open_ended = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        for item in args.params:
+            key, sep, val = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"-p {item!r} must look like key=value (e.g. -p steps=500)")
+            if not open_ended and key not in params:
+                raise ConfigError(
+                    f"-p: {args.experiment} has no grid parameter {key!r}"
+                    f"{close_matches(key, params)}; it has: {', '.join(params)}"
+                )
+            kwargs[key] = _parse_value(val)
+        try:
+            grid = mod.chapter_grid(**kwargs)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{args.experiment} grid ({args.preset}, -p): {err}") from None
+        unknown = sorted(set(args.only or ()) - set(grid))
         if unknown:
-            raise SystemExit(f"unknown configuration(s) {unknown}; known: {', '.join(grid)}")
+            raise ConfigError(
+                f"--only: unknown configuration(s) {unknown}; known: {', '.join(grid)}"
+            )
+        out = args.out or str(store_dir(args.experiment, args.preset))
+        if Path(out).is_file():
+            raise ConfigError(f"--out: {out} is a file, expected a folder")
+        return mod, kwargs, grid, out
+
+    mod, kwargs, grid, out = checked()
+    if args.only:
         grid = {k: v for k, v in grid.items() if k in args.only}
-    out = args.out or str(store_dir(args.experiment, args.preset))
     print(f"sweep {args.experiment} preset={args.preset} {kwargs}: {len(grid)} configurations "
           f"x {len(args.seeds)} seeds -> {out}")  # fmt: skip
     return _run_cli_sweep(args, kwargs)
 
 
 def _run_cli_sweep(args: Any, kwargs: dict[str, Any]) -> int:
+    from .validate import ConfigError
+
     address = args.address
     if args.backend != "dask" and (address or args.scheduler_file):
-        raise SystemExit("--address and --scheduler-file need --backend dask")
+        raise ConfigError("--address and --scheduler-file need --backend dask")
     for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 1),
                                ("--gpus-per-cell", args.gpus_per_cell, 0)):  # fmt: skip
         if value < least:
-            raise SystemExit(f"{flag} must be at least {least}, got {value}")
+            raise ConfigError(f"{flag} must be at least {least}, got {value}")
     if args.scheduler_file is not None:
         try:
             address = json.loads(Path(args.scheduler_file).read_text())["address"]
         except (OSError, ValueError, KeyError) as e:
-            raise SystemExit(
+            raise ConfigError(
                 f"--scheduler-file {args.scheduler_file}: no scheduler address ({e})"
             ) from e
     try:
         _run_grid_from_cli(args, kwargs, address)
     except ValueError as e:  # a folder holding another grid, a backend that cannot start
-        raise SystemExit(f"sweep {args.experiment}: {e}") from e
+        raise ConfigError(f"sweep {args.experiment}: {e}") from e
     return 0
 
 

@@ -28,6 +28,8 @@ __all__ = [
     "Attention",
     "AttentionResult",
     "check_qkv",
+    "check_same_device",
+    "check_tensor",
     "combine_masks",
     "count_nonfinite",
 ]
@@ -64,18 +66,67 @@ def count_nonfinite(t: Tensor, valid: Tensor | None = None) -> Tensor:
     return bad.sum()
 
 
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    expected: str,
+    min_dim: int = 1,
+    ndim: int | None = None,
+    floating: bool = True,
+    nonempty: tuple[int, ...] = (),
+) -> Tensor:
+    """Check one tensor argument; raise naming ``name``, its shape and the ``expected`` one.
+
+    Args:
+        name: the argument, as the caller's signature spells it.
+        expected: the expected shape in words, e.g. ``"(..., L, d)"``.
+        min_dim / ndim: the least / exact number of dimensions.
+        floating: it must be a floating-point tensor.
+        nonempty: dimensions (negative indices) that must have size >= 1 (sequence lengths,
+            widths): an empty sequence is an error, not an empty result.
+
+    Raises:
+        TypeError: not a tensor. ValueError: wrong rank, dtype or an empty dimension.
+    """
+    if not isinstance(t, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of shape {expected}, got {type(t).__name__}"
+        )
+    if (ndim is not None and t.dim() != ndim) or t.dim() < min_dim:
+        raise ValueError(f"{name} must have shape {expected}, got {tuple(t.shape)}")
+    if floating and not t.is_floating_point():
+        raise ValueError(
+            f"{name} must be a floating-point tensor of shape {expected}, got dtype {t.dtype}"
+        )
+    for axis in nonempty:
+        if t.shape[axis] == 0:
+            raise ValueError(
+                f"{name} must have shape {expected} with no empty dimension, got {tuple(t.shape)}"
+            )
+    return t
+
+
+def check_same_device(**tensors: Tensor) -> None:
+    """All ``tensors`` on one device; else ValueError naming each argument's device."""
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+        raise ValueError(f"{', '.join(tensors)} must be on one device, got {where}")
+
+
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_dim: bool = True) -> None:
     """Validate per-head inputs ``q (..., Lq, d)``, ``k (..., Lk, d)``, ``v (..., Lk, d_v)``.
 
-    Raises ``ValueError`` naming the expected and received shapes or dtypes.
+    Floating point, one dtype, one device, no empty sequence or width. Raises ``TypeError``
+    (not a tensor) or ``ValueError`` naming the argument, its shape and the expected one.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., L, d), got {tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    for name, t, shape in (
+        ("q", q, "(..., Lq, d)"),
+        ("k", k, "(..., Lk, d)"),
+        ("v", v, "(..., Lk, d_v)"),
+    ):
+        check_tensor(name, t, expected=shape, min_dim=2, nonempty=(-2, -1))
     if same_dim and q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q and k must share their last dimension: q {tuple(q.shape)}, k {tuple(k.shape)}"
@@ -91,6 +142,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_dim: bool = True) -> None
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_same_device(q=q, k=k, v=v)
 
 
 def combine_masks(
@@ -105,6 +157,8 @@ def combine_masks(
     if causal:
         keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=lk - lq)
     if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
         if mask.dtype != torch.bool:
             raise ValueError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
         if mask.dim() < 2 or mask.shape[-2] not in (1, lq) or mask.shape[-1] not in (1, lk):
@@ -112,6 +166,9 @@ def combine_masks(
                 f"mask must end in (Lq, Lk) = ({lq}, {lk}) (or 1 where it broadcasts), "
                 f"got shape {tuple(mask.shape)}"
             )
+        dev = torch.device(device) if device is not None else mask.device
+        if mask.device.type != dev.type or (dev.index is not None and mask.device != dev):
+            raise ValueError(f"mask must be on the inputs' device {dev}, got {mask.device}")
         keep = mask if keep is None else (keep & mask)
     return keep
 
@@ -191,9 +248,11 @@ class Attention(nn.Module):
         mask: Tensor | None = None,
         need_weights: bool = False,
     ) -> AttentionResult:
-        """``x (B, L, D)`` -> :class:`AttentionResult` with ``out (B, L, D)``."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected x of shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        """``x (B, L, D)`` -> :class:`AttentionResult` with ``out (B, L, D)``.
+
+        Raises ``TypeError``/``ValueError`` naming ``x``, its shape and the expected one (wrong
+        rank or width, an empty sequence, a dtype or device other than the module's)."""
+        self.check_input(x)
         q, k, v = self.split_heads(x)
         res = self.attend(q, k, v, x=x, causal=causal, mask=mask, need_weights=need_weights)
         b, h, l, dv = res.out.shape
@@ -201,6 +260,19 @@ class Attention(nn.Module):
         res.out = self.dropout(self.proj(out))
         res.diagnostics.setdefault("nonfinite_out", count_nonfinite(res.out))
         return res
+
+    def check_input(self, x: Tensor) -> None:
+        """``x`` must be ``(B, L, D)`` with ``B, L >= 1``, in this module's dtype and on its device."""
+        expected = f"(B, L, {self.dim})"
+        if not isinstance(x, Tensor):
+            raise TypeError(f"expected x of shape {expected}, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.dim or 0 in x.shape[:2]:
+            raise ValueError(f"expected x of shape {expected} with B, L >= 1, got {tuple(x.shape)}")
+        w = self.qkv.weight
+        if x.dtype != w.dtype:
+            raise ValueError(f"expected x of this module's dtype {w.dtype}, got {x.dtype}")
+        if x.device != w.device:
+            raise ValueError(f"expected x on this module's device {w.device}, got {x.device}")
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, n_heads={self.n_heads}, head_dim={self.head_dim}"

@@ -24,10 +24,12 @@ from .tasks import (
     TASKS,
     ArrayTask,
     associative_recall_task,
+    check_task,
     copy_task,
     load_digits_patches,
     load_task,
     subset,
+    task_options,
 )
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "WindowSampler",
     "associative_recall_task",
     "char_ptb_from_word",
+    "check_task",
     "copy_task",
     "data_dir",
     "data_file",
@@ -55,4 +58,5 @@ __all__ = [
     "load_word_ptb",
     "make_sampler",
     "subset",
+    "task_options",
 ]

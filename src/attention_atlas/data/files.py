@@ -13,9 +13,13 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..atomic import atomic_path
+from ..validate import InputError
 
 __all__ = [
     "ENV_VAR",
@@ -24,7 +28,9 @@ __all__ = [
     "FileSpec",
     "char_ptb_from_word",
     "data_dir",
+    "data_dir_source",
     "data_file",
+    "verify",
 ]
 
 ENV_VAR = "ATTENTION_ATLAS_DATA"
@@ -121,8 +127,25 @@ FILES: dict[str, FileSpec] = {
 }
 
 
-class DataFileError(RuntimeError):
-    """A data file is missing (and could not be fetched) or does not match its sha256."""
+class DataFileError(InputError, RuntimeError):
+    """A data file is missing (and could not be fetched) or does not match its sha256. The
+    message is one line: the file, the folder looked in (and why that one), one way to fix it."""
+
+
+def data_dir_source(path: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
+    """The data directory (see :func:`data_dir`) and why it is that one, in words."""
+    if path is not None:
+        return Path(path).expanduser(), "the folder given as the data directory"
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser(), f"${ENV_VAR}"
+    try:
+        import platformdirs
+
+        cache = Path(platformdirs.user_cache_dir("attention_atlas")) / "data"
+    except ImportError:  # pragma: no cover - platformdirs is in the lock
+        cache = Path.home() / ".cache" / "attention_atlas" / "data"
+    return cache, f"the user cache, as ${ENV_VAR} is not set"
 
 
 def data_dir(path: str | os.PathLike[str] | None = None) -> Path:
@@ -131,17 +154,7 @@ def data_dir(path: str | os.PathLike[str] | None = None) -> Path:
     The cache dir is ``platformdirs.user_cache_dir("attention_atlas")/data`` when platformdirs
     is installed, else ``~/.cache/attention_atlas/data``.
     """
-    if path is not None:
-        return Path(path).expanduser()
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    try:
-        import platformdirs
-
-        return Path(platformdirs.user_cache_dir("attention_atlas")) / "data"
-    except ImportError:  # pragma: no cover - platformdirs is in the lock
-        return Path.home() / ".cache" / "attention_atlas" / "data"
+    return data_dir_source(path)[0]
 
 
 def _sha256(path: Path) -> str:
@@ -164,11 +177,24 @@ def _verify(path: Path, name: str) -> None:
     digest = _sha256(path)
     if digest != spec.sha256:
         raise DataFileError(
-            f"data file {name} at {path} is corrupt or a different version: sha256 {digest}, "
-            f"expected {spec.sha256} ({spec.size:,} bytes; this one has {st.st_size:,}). "
-            f"Delete it to download it again, or replace it with the right file."
+            f"data file {name} at {path} does not match its sha256 (expected {spec.sha256}, "
+            f"found {digest}; {st.st_size:,} bytes, expected {spec.size:,}) and was not used; "
+            "fix: delete it and run `python -m attention_atlas data fetch`, or replace it with "
+            "the right file"
         )
     _VERIFIED[key] = True
+
+
+def verify(name: str, root: str | os.PathLike[str] | None = None) -> str:
+    """``"ok"``, ``"missing"`` or ``"sha256 mismatch: found ..."`` for data file ``name``."""
+    path = data_dir(root) / name
+    if not path.exists():
+        return "missing"
+    try:
+        _verify(path, name)
+    except DataFileError:
+        return f"sha256 mismatch: found {_sha256(path)}, expected {FILES[name].sha256}"
+    return "ok"
 
 
 def _download(url: str, dest: Path, timeout: float, sha256: str) -> None:
@@ -189,6 +215,15 @@ def _download(url: str, dest: Path, timeout: float, sha256: str) -> None:
             os.unlink(tmp)
 
 
+def _why(err: OSError) -> str:
+    """A download error in a few words."""
+    reason = getattr(err, "reason", None)
+    if isinstance(err, urllib.error.URLError) and reason is not None:
+        text = getattr(reason, "strerror", None) or str(reason)
+        return f"no connection ({text})"
+    return str(err)
+
+
 def char_ptb_from_word(text: str) -> str:
     """The char-PTB rule: the word file rewritten as characters (see ``shared/data/README.md``).
 
@@ -201,32 +236,35 @@ def char_ptb_from_word(text: str) -> str:
     return "".join(out)
 
 
-def _fetch(name: str, root: Path, download: bool, timeout: float) -> list[str]:
-    """Try to create ``root/name``; return the errors met (empty on success)."""
+def _fetch(name: str, root: Path, download: bool, timeout: float) -> str | None:
+    """Try to create ``root/name``; None on success, else why not (a few words, one line)."""
     spec = FILES[name]
     dest = root / name
-    errors: list[str] = []
     if spec.build_from is not None:
+        src = root / spec.build_from
+        if not src.exists():
+            why = _fetch(spec.build_from, root, download, timeout)
+            if why is not None:
+                return f"it is rebuilt from {spec.build_from}, which is missing too ({why})"
         try:
-            src = data_file(spec.build_from, root, download=download, timeout=timeout)
+            _verify(src, spec.build_from)
             text = char_ptb_from_word(src.read_text(encoding="utf-8"))
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-            os.replace(tmp, dest)
-            return []
+            with atomic_path(dest) as tmp:
+                tmp.write_text(text, encoding="utf-8", newline="")
         except (OSError, DataFileError) as err:
-            return [f"rebuilding from {spec.build_from} failed: {err}"]
+            return f"rebuilding it from {spec.build_from} failed: {err}"
+        return None
     if not download:
-        return ["downloads are switched off (download=False)"]
+        return "downloads are switched off"
+    whys = []
     for url in spec.urls:
         try:
             _download(url, dest, timeout, spec.sha256)
-            return []
+            return None
         except OSError as err:
-            errors.append(f"{url}: {err}")
-    return errors
+            whys.append(_why(err))
+    distinct = list(dict.fromkeys(whys))
+    return f"downloading it failed: {'; '.join(distinct)} (tried {len(spec.urls)} addresses)"
 
 
 def data_file(
@@ -240,28 +278,23 @@ def data_file(
     ``"ptb-char/ptb.char.train.txt"``), fetching it into the data directory if missing.
 
     Raises:
-        DataFileError: the file is missing and could not be fetched (the message says which
-            file, where it looked and how to provide it), or its sha256 does not match.
+        DataFileError: the file is missing and could not be fetched, or its sha256 does not
+            match (then it is not used); one line naming the file, the folder looked in and
+            why that one, and one way to fix it.
     """
     if name not in FILES:
         raise KeyError(f"unknown data file {name!r}; known: {', '.join(FILES)}")
-    base = data_dir(root)
+    base, source = data_dir_source(root)
     path = base / name
     if not path.exists():
-        errors = _fetch(name, base, download, timeout)
-        if errors or not path.exists():
+        why = _fetch(name, base, download, timeout)
+        if why is not None or not path.exists():
             spec = FILES[name]
-            how = (
-                f"it is rebuilt from {spec.build_from}"
-                if spec.build_from
-                else f"download it from {spec.urls[0]}"
-            )
+            url = FILES[spec.build_from].urls[0] if spec.build_from else spec.urls[0]
             raise DataFileError(
-                f"data file {name} not found at {path} (data directory from "
-                f"{'the argument' if root is not None else ENV_VAR if os.environ.get(ENV_VAR) else 'the user cache'}"
-                f"), and fetching it failed: {'; '.join(errors)}. To provide it: {how} and put "
-                f"it at {path}, or set {ENV_VAR} to a folder holding ptb-char/, ptb-word/ and "
-                f"wikitext-2/ (sha256 {spec.sha256})."
+                f"data file {name} is missing from {base} ({source}); {why}; fix: set "
+                f"{ENV_VAR} to a folder holding ptb-char/, ptb-word/ and wikitext-2/, or "
+                f"download {url} and save it there as {spec.build_from or name}"
             )
     _verify(path, name)
     return path

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..validate import ConfigError, close_matches
 from .corpora import TextCorpus, load_char_ptb, load_wikitext2, load_word_ptb
 
 __all__ = [
@@ -18,10 +19,12 @@ __all__ = [
     "TASKS",
     "ArrayTask",
     "associative_recall_task",
+    "check_task",
     "copy_task",
     "load_digits_patches",
     "load_task",
     "subset",
+    "task_options",
 ]
 
 #: target value that the loss ignores (positions that are not scored)
@@ -59,6 +62,13 @@ class ArrayTask:
         )
 
 
+def _check_counts(task: str, **values: tuple[Any, int]) -> None:
+    """Each ``name=(value, least)``: an integer (not a bool) >= least, else :class:`ConfigError`."""
+    for name, (value, least) in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"{task}: {name} must be an integer >= {least}, got {value!r}")
+
+
 def load_digits_patches(
     patch: int = 2, *, val_fraction: float = 0.25, seed: int = 0, dtype: torch.dtype = torch.float32
 ) -> ArrayTask:
@@ -71,8 +81,11 @@ def load_digits_patches(
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    if patch not in (1, 2, 4, 8):
-        raise ValueError(f"patch must divide 8 (1, 2, 4 or 8), got {patch}")
+    if isinstance(patch, bool) or patch not in (1, 2, 4, 8):
+        raise ConfigError(f"digits: patch must divide 8 (1, 2, 4 or 8), got {patch!r}")
+    if not (isinstance(val_fraction, int | float) and 0 < val_fraction < 1):
+        raise ConfigError(f"digits: val_fraction must be in (0, 1), got {val_fraction!r}")
+    _check_counts("digits", seed=(seed, 0))
     ds = load_digits()
     images = ds.images.astype(np.float64)  # (N, 8, 8)
     labels = ds.target.astype(np.int64)
@@ -110,6 +123,10 @@ def copy_task(
     sequence without its last token, targets the sequence shifted by one; only the copied half
     is scored. Sequence length ``2 * length``.
     """
+    _check_counts(
+        "copy", n_train=(n_train, 1), n_val=(n_val, 1), length=(length, 1), vocab=(vocab, 1),
+        seed=(seed, 0),
+    )  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     n = n_train + n_val
     a = torch.randint(0, vocab, (n, length), generator=g)
@@ -138,8 +155,14 @@ def associative_recall_task(
     position (the prediction after the query key) is scored. Vocabulary ``n_keys + n_values``,
     sequence length ``2 * n_pairs + 1``.
     """
+    _check_counts(
+        "recall", n_train=(n_train, 1), n_val=(n_val, 1), n_pairs=(n_pairs, 1),
+        n_keys=(n_keys, 1), n_values=(n_values, 1), seed=(seed, 0),
+    )  # fmt: skip
     if n_pairs > n_keys:
-        raise ValueError(f"n_pairs={n_pairs} needs at least as many keys, got n_keys={n_keys}")
+        raise ConfigError(
+            f"recall: n_pairs={n_pairs} needs at least as many keys, got n_keys={n_keys}"
+        )
     g = torch.Generator().manual_seed(seed)
     n = n_train + n_val
     keys = torch.stack([torch.randperm(n_keys, generator=g)[:n_pairs] for _ in range(n)])
@@ -193,20 +216,48 @@ def subset(dataset: TextCorpus | ArrayTask, fraction: float, seed: int = 0) -> A
 TASKS = ("ptb-char", "ptb-word", "wikitext2", "wikitext2-char", "digits", "copy", "recall")
 
 
+#: task name -> (loader, how it is called: "root" loaders read text files from the data folder)
+_LOADERS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "ptb-char": (load_char_ptb, {}),
+    "ptb-word": (load_word_ptb, {}),
+    "wikitext2": (load_wikitext2, {"mode": "word"}),
+    "wikitext2-char": (load_wikitext2, {"mode": "char"}),
+    "digits": (load_digits_patches, {}),
+    "copy": (copy_task, {}),
+    "recall": (associative_recall_task, {}),
+}
+
+
+def task_options(name: str) -> list[str]:
+    """The options task ``name`` takes (``task.NAME=VALUE`` on the command line)."""
+    import inspect
+
+    check_task(name)
+    fn, fixed = _LOADERS[name]
+    params = inspect.signature(fn).parameters
+    return [n for n in params if n not in ("root", "dtype", *fixed)]
+
+
+def check_task(name: str, options: dict[str, Any] | None = None) -> None:
+    """Task ``name`` exists and takes every option in ``options`` (their values are checked
+    by the loader); else :class:`ConfigError` naming the known ones."""
+    if name not in _LOADERS:
+        raise ConfigError(
+            f"unknown task {name!r}{close_matches(name, TASKS)}; known: {', '.join(TASKS)}"
+        )
+    takes = task_options(name) if options else []
+    for opt in options or {}:
+        if opt not in takes:
+            raise ConfigError(
+                f"task {name!r} does not take option {opt!r}{close_matches(opt, takes)}; "
+                f"it takes: {', '.join(takes) or '(none)'}"
+            )
+
+
 def load_task(name: str, root: str | os.PathLike[str] | None = None, **options: Any) -> Any:
     """A data set by task name (the command line's ``--task``): one of :data:`TASKS`."""
-    if name == "ptb-char":
-        return load_char_ptb(root, **options)
-    if name == "ptb-word":
-        return load_word_ptb(root, **options)
-    if name == "wikitext2":
-        return load_wikitext2(root, mode="word", **options)
-    if name == "wikitext2-char":
-        return load_wikitext2(root, mode="char", **options)
-    if name == "digits":
-        return load_digits_patches(**options)
-    if name == "copy":
-        return copy_task(**options)
-    if name == "recall":
-        return associative_recall_task(**options)
-    raise ValueError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
+    check_task(name, options)
+    fn, fixed = _LOADERS[name]
+    if name in ("digits", "copy", "recall"):
+        return fn(**fixed, **options)
+    return fn(root, **fixed, **options)

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..validate import InputError
+
 __all__ = [
     "ParameterError",
     "chapter_parameters",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 
-class ParameterError(ValueError):
+class ParameterError(InputError, ValueError):
     """A parameter override that the chapter does not declare, or of the wrong type."""
 
 

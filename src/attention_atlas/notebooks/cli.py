@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..validate import ConfigError
 from .chapters import (
-    ParameterError,
     chapter_parameters,
     chapter_smoke,
     parse_override,
@@ -23,6 +24,12 @@ __all__ = ["add_subcommand"]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    if args.timeout is not None and not 0 < args.timeout < math.inf:
+        raise ConfigError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
+    if args.out and Path(args.out).is_file():
+        raise ConfigError(f"--out: {args.out} is a file, expected a folder")
     overrides = dict(parse_override(t) for t in args.param)
     try:
         results = run_chapters(
@@ -34,9 +41,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             progress_bar=not args.quiet,
         )
-    except (ParameterError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as err:  # an unknown chapter
+        raise ConfigError(str(err)) from None
     failed = 0
     for r in results:
         if r.ok:

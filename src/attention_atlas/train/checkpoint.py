@@ -1,14 +1,15 @@
 """Seeds, RNG states and checkpoints: atomic writes and an exact resume.
 
 A checkpoint holds the model, optimiser and scheduler, every rank's RNG states (torch, numpy,
-python, CUDA) and sampler position, and the run's :class:`Progress` (step, history, the
-current log interval, FLOPs, training time). It is written to a temporary file, flushed and
-renamed, so a kill at any moment leaves either the previous checkpoint or the new one.
+python, CUDA) and sampler position, the run's :class:`Progress` (step, history, the current
+log interval, FLOPs, training time) and the configs it was written under. It is written to a
+temporary file, flushed and renamed (:mod:`attention_atlas.atomic`), so a kill at any moment
+leaves either the previous checkpoint or the new one. A resume under changed settings is
+refused, listing the changes (:func:`config_changes`).
 """
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +19,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..atomic import atomic_torch_save
+from ..validate import ConfigError
 from .ddp import rank_world
 
 __all__ = [
+    "RESUMABLE_CHANGES",
     "Progress",
-    "atomic_save",
-    "atomic_write_text",
+    "config_changes",
     "load_checkpoint",
     "new_interval",
     "rng_state",
@@ -59,25 +62,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """Write ``obj`` with :func:`torch.save` to a temporary file, fsync, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(text: str, path: Path) -> None:
-    """Write ``text`` to a temporary file, then rename it to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def new_interval() -> dict[str, Any]:
@@ -120,7 +104,7 @@ def save_checkpoint(
     else:
         rngs, samps = [rng], [samp]
     if rank == 0:
-        atomic_save(
+        atomic_torch_save(
             {
                 "step": progress.step,
                 "model": model.state_dict(),
@@ -141,6 +125,28 @@ def save_checkpoint(
         dist.barrier()
 
 
+#: train settings a resumed run may change: they do not change what the run computes
+RESUMABLE_CHANGES = ("progress", "out_dir", "num_threads", "device", "checkpoint_every")
+
+
+def config_changes(saved: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> list[str]:
+    """``"section.key: saved -> now"`` for every setting that differs between the configs a
+    checkpoint was written with and the current ones (settings in :data:`RESUMABLE_CHANGES`
+    aside)."""
+    changes = []
+    for section in ("model_config", "train_config"):
+        old, new = saved.get(section), now.get(section)
+        if old is None or new is None:
+            continue
+        for key in sorted(set(old) | set(new)):
+            if section == "train_config" and key in RESUMABLE_CHANGES:
+                continue
+            if old.get(key) != new.get(key):
+                name = section.removesuffix("_config")
+                changes.append(f"{name}.{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return changes
+
+
 def load_checkpoint(
     path: Path,
     device: torch.device,
@@ -148,15 +154,27 @@ def load_checkpoint(
     opt: torch.optim.Optimizer,
     sched: Any,
     sampler: Any,
+    configs: dict[str, dict[str, Any]] | None = None,
 ) -> Progress:
     """Restore model, optimiser, scheduler, this rank's sampler and RNG states from ``path``;
-    return the run's progress."""
+    return the run's progress.
+
+    Raises:
+        ConfigError: the checkpoint was written under other ``configs`` (``train_config``,
+            ``model_config``; the message lists every difference) or another number of processes.
+    """
     rank, world = rank_world()
     state = torch.load(path, map_location=device, weights_only=False)
     if state["world_size"] != world:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint {path} was written by {state['world_size']} processes, "
             f"resuming with {world}"
+        )
+    changes = config_changes(state, configs or {})
+    if changes:
+        raise ConfigError(
+            f"cannot resume from {path}: the configuration changed since it was written "
+            f"({'; '.join(changes)}); restore those settings, or start a new run in another folder"
         )
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])

@@ -4,44 +4,74 @@ overrides (the command line's ``-o``)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..models import ModelConfig
+from ..validate import (
+    ConfigError,
+    Fraction,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+    check_fields,
+    close_matches,
+    from_mapping,
+    one_line,
+)
 
-__all__ = ["TrainConfig", "build_configs", "load_config_file", "parse_value", "spec_name"]
+__all__ = [
+    "TrainConfig",
+    "build_configs",
+    "check_model",
+    "check_run",
+    "load_config_file",
+    "parse_value",
+    "spec_name",
+]
 
 
 @dataclass
 class TrainConfig:
-    """Everything about a training run except the model and the data."""
+    """Everything about a training run except the model and the data.
 
-    steps: int = 1000  # optimiser steps
-    batch_size: int = 32  # global batch (sequences), split across DDP ranks
-    seq_len: int = 128  # context length for token streams (arrays keep their own length)
-    lr: float = 3e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # final lr = min_lr_ratio * lr (cosine decay)
-    warmup_steps: int = 100  # linear warm-up steps
-    weight_decay: float = 0.1  # AdamW decay on matrices (not on norms, biases, embeddings)
-    beta1: float = 0.9  # AdamW beta1
-    beta2: float = 0.95  # AdamW beta2
-    grad_clip: float = 1.0  # clip the global gradient norm (0 = off)
-    seed: int = 0  # seeds torch, numpy, python and the data sampler
-    log_every: int = 100  # steps between log rows (and evaluations)
-    eval_batches: int | None = 8  # validation batches per log step (None = whole split)
-    final_eval_batches: int | None = None  # validation batches at the end (None = whole split)
-    eval_batch_size: int = 32  # sequences per evaluation batch
+    The annotations state each setting's range (:mod:`attention_atlas.validate`);
+    :func:`check_run` checks them, and the relations between settings, before a run starts.
+    """
+
+    steps: PositiveInt = 1000  # optimiser steps
+    batch_size: PositiveInt = 32  # global batch (sequences), split across DDP ranks
+    seq_len: PositiveInt = 128  # context length for token streams (arrays keep their own length)
+    lr: PositiveFloat = 3e-3  # peak learning rate
+    min_lr_ratio: Probability = 0.1  # final lr = min_lr_ratio * lr (cosine decay)
+    warmup_steps: NonNegativeInt = 100  # linear warm-up steps
+    weight_decay: NonNegativeFloat = (
+        0.1  # AdamW decay on matrices (not on norms, biases, embeddings)
+    )
+    beta1: Fraction = 0.9  # AdamW beta1
+    beta2: Fraction = 0.95  # AdamW beta2
+    grad_clip: NonNegativeFloat = 1.0  # clip the global gradient norm (0 = off)
+    seed: NonNegativeInt = 0  # seeds torch, numpy, python and the data sampler
+    log_every: PositiveInt = 100  # steps between log rows (and evaluations)
+    eval_batches: PositiveInt | None = 8  # validation batches per log step (None = whole split)
+    final_eval_batches: PositiveInt | None = (
+        None  # validation batches at the end (None = whole split)
+    )
+    eval_batch_size: PositiveInt = 32  # sequences per evaluation batch
     eval_test: bool = False  # also evaluate on the test split at the end (corpora only)
-    weights_batch: int = 2  # sequences used for the need_weights diagnostics at log steps
-    checkpoint_every: int = 0  # steps between checkpoints (0 = none); needs out_dir
+    weights_batch: PositiveInt = 2  # sequences used for the need_weights diagnostics at log steps
+    checkpoint_every: NonNegativeInt = 0  # steps between checkpoints (0 = none); needs out_dir
     out_dir: str | None = None  # where history.csv, run.json and checkpoint.pt go
-    max_time_s: float | None = None  # stop early after this much training wall time
+    max_time_s: PositiveFloat | None = None  # stop early after this much training wall time
     schedule: str = "steps"  # cosine over `steps`, or over max_time_s of training ("time")
     deterministic: bool = True  # torch.use_deterministic_algorithms (warn only) during the run
     device: str | None = None  # default: cuda if available, else cpu
-    num_threads: int | None = None  # torch CPU threads during the run (None = leave as is)
+    num_threads: PositiveInt | None = None  # torch CPU threads during the run (None = leave as is)
     progress: bool = True  # tqdm progress bar (rank 0)
     measure_flops: bool = True  # count FLOPs once (FlopCounterMode) and record them
     effective_rank: bool = True  # log the effective rank of each layer's hidden states
@@ -55,25 +85,117 @@ class TrainConfig:
 def spec_name(kind: str, spec: dict[str, Any]) -> str:
     """The ``name`` of a regulariser or diagnostic spec ``{"name": ..., **options}``."""
     if not isinstance(spec, dict) or "name" not in spec:
-        raise ValueError(f"a {kind} spec needs a 'name', got {spec!r}")
+        raise ConfigError(f"a {kind} spec needs a 'name', got {spec!r}")
     return str(spec["name"])
 
 
 def check_run(cfg: TrainConfig) -> None:
-    """The relations between settings that :func:`~attention_atlas.train.train` needs, and the
-    names of the regularisers and diagnostics (all before any work starts)."""
-    from ..attention.registry import get_diagnostic, get_regularizer
+    """Every setting in its range (the annotations of :class:`TrainConfig`), the relations
+    between settings, and the names of regularisers and diagnostics; before any work starts.
 
+    Raises:
+        ConfigError: one line naming the setting, what was expected and what was given.
+    """
+    from ..attention.registry import available_diagnostics, available_regularizers
+
+    check_fields(cfg, "train", TrainConfig)
     if cfg.checkpoint_every and not cfg.out_dir:
-        raise ValueError("checkpoint_every needs out_dir")
+        raise ConfigError("train setting checkpoint_every needs out_dir (where checkpoints go)")
     if cfg.schedule not in ("steps", "time"):
-        raise ValueError(f"schedule must be 'steps' or 'time', got {cfg.schedule!r}")
+        raise ConfigError(
+            f"train setting schedule: expected 'steps' or 'time', got {cfg.schedule!r}"
+        )
     if cfg.schedule == "time" and not cfg.max_time_s:
-        raise ValueError("schedule='time' needs max_time_s (the budget the cosine spans)")
-    for spec in cfg.regularizers:
-        get_regularizer(spec_name("regularizer", spec))
-    for spec in cfg.diagnostics:
-        get_diagnostic(spec_name("diagnostic", spec))
+        raise ConfigError("schedule='time' needs max_time_s (the budget the cosine spans)")
+    for kind, specs, known in (
+        ("regularizer", cfg.regularizers, available_regularizers()),
+        ("diagnostic", cfg.diagnostics, available_diagnostics()),
+    ):
+        for spec in specs:
+            name = spec_name(kind, spec)
+            if name not in known:
+                raise ConfigError(
+                    f"unknown {kind} {name!r}{close_matches(name, known)}; known: {', '.join(known)}"
+                )
+            weight = spec.get("weight", 1.0) if kind == "regularizer" else 0.0
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                raise ConfigError(f"{kind} {name!r}: weight must be a number, got {weight!r}")
+            if not math.isfinite(weight):
+                raise ConfigError(f"{kind} {name!r}: weight must be finite, got {weight!r}")
+    _check_device(cfg.device)
+
+
+def _check_device(device: str | None) -> None:
+    import torch
+
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"train setting device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train setting device: {device!r} asked for, but CUDA is not available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"train setting device: {device!r} asked for, but there are only "
+            f"{torch.cuda.device_count()} CUDA device(s)"
+        )
+
+
+def check_model(cfg: ModelConfig) -> None:
+    """Every model setting in its range, the attention variant of each layer known, and its
+    options ones it takes (see :func:`~attention_atlas.attention.registry.attention_options`).
+
+    Raises:
+        ConfigError: one line naming the setting, what was expected and what was given.
+    """
+    import inspect
+
+    from ..attention.registry import attention_options, available_attention
+
+    check_fields(cfg, "model", ModelConfig)
+    known = available_attention()
+    for i in range(cfg.n_layers):
+        name, opts = cfg.layer_spec(i)
+        where = "model setting attention" if cfg.layers is None else f"model setting layers[{i}]"
+        if name not in known:
+            raise ConfigError(
+                f"{where}: unknown attention variant {name!r}{close_matches(name, known)}; "
+                f"known: {', '.join(known)}"
+            )
+        takes = attention_options(name)
+        shared = {"dim", "n_heads", "head_dim", "bias", "dropout"}  # set from the model config
+        for opt in opts:
+            if opt not in takes or opt in shared:
+                allowed = sorted(set(takes) - shared)
+                raise ConfigError(
+                    f"{where}: attention variant {name!r} does not take option {opt!r}"
+                    f"{close_matches(opt, allowed)}; it takes: {', '.join(allowed) or '(none)'}"
+                )
+        missing = [
+            n for n, p in takes.items()
+            if p.default is inspect.Parameter.empty and n not in opts and n not in shared
+        ]  # fmt: skip
+        if missing:
+            raise ConfigError(f"{where}: attention variant {name!r} needs option(s) {missing}")
+    _check_builds(cfg)
+
+
+def _check_builds(cfg: ModelConfig) -> None:
+    """Build the model on the meta device (no memory, no data): the checks in the variants'
+    constructors (an option out of range, a rank above the head width) run before any work."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            cfg.build()
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"model settings: {one_line(err)}") from None
+    except Exception:  # noqa: BLE001, S110 (an op the meta device lacks: the real build reports)
+        pass
 
 
 # -- configs from files and the command line ------------------------------------------------------
@@ -92,24 +214,57 @@ def parse_value(text: str) -> Any:
         return text
 
 
+SECTIONS = ("model", "train", "task", "task_options")
+
+
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A JSON or YAML file with optional sections ``model``, ``train``, ``task``, ``task_options``."""
+    """A JSON or YAML file with optional sections ``model``, ``train``, ``task``, ``task_options``.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not valid JSON/YAML, not a mapping, or has
+            an unknown section or a section that is not a mapping (one line).
+    """
     p = Path(path)
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {p} cannot be read: {err}") from None
     if p.suffix in (".yaml", ".yml"):
         import yaml
 
-        cfg = yaml.safe_load(text) or {}
+        try:
+            cfg = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            what = getattr(err, "problem", None) or str(err)
+            raise ConfigError(f"config file {p} is not valid YAML{at}: {what}") from None
     else:
-        cfg = json.loads(text)
+        try:
+            cfg = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"config file {p} is not valid JSON at line {err.lineno}, column {err.colno}: "
+                f"{err.msg} (YAML files need a .yaml or .yml suffix)"
+            ) from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"config file {p} must hold a mapping, got {type(cfg).__name__}")
-    unknown = set(cfg) - {"model", "train", "task", "task_options"}
+        raise ConfigError(f"config file {p} must hold a mapping, got {type(cfg).__name__}")
+    unknown = [k for k in cfg if k not in SECTIONS]
     if unknown:
-        raise ValueError(
-            f"config file {p}: unknown section(s) {sorted(unknown)}; "
-            "expected model, train, task, task_options"
+        raise ConfigError(
+            f"config file {p}: unknown section {unknown[0]!r}{close_matches(str(unknown[0]), SECTIONS)}; "
+            f"expected {', '.join(SECTIONS)}"
         )
+    for section in ("model", "train", "task_options"):
+        if not isinstance(cfg.get(section, {}), dict):
+            raise ConfigError(
+                f"config file {p}: section {section!r} must be a mapping, "
+                f"got {type(cfg[section]).__name__}"
+            )
+    if "task" in cfg and not isinstance(cfg["task"], str):
+        raise ConfigError(f"config file {p}: task must be a name, got {cfg['task']!r}")
     return cfg
 
 
@@ -118,18 +273,22 @@ def build_configs(
 ) -> tuple[ModelConfig, TrainConfig, dict[str, Any]]:
     """Model and train configs from a config mapping plus ``key=value`` overrides; a key names a
     field of :class:`ModelConfig` or :class:`TrainConfig` (or ``model.key`` / ``train.key`` /
-    ``task.key`` to be explicit)."""
+    ``task.key`` to be explicit). Every value is checked against its field's type and range.
+
+    Raises:
+        ConfigError: a malformed override, an unknown setting or a bad value (one line).
+    """
     m = dict(config.get("model", {}))
     t = dict(config.get("train", {}))
     task_opts = dict(config.get("task_options", {}))
-    mf = {f.name for f in fields(ModelConfig)}
-    tf = {f.name for f in fields(TrainConfig)}
+    mf = [f.name for f in fields(ModelConfig)]
+    tf = [f.name for f in fields(TrainConfig)]
     for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value")
-        key, val = item.split("=", 1)
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. -o lr=1e-3)")
         value = parse_value(val)
-        section, _, name = key.rpartition(".")
+        section, _, name = key.strip().rpartition(".")
         if section == "model" or (not section and name in mf and name not in tf):
             m[name] = value
         elif section == "train" or (not section and name in tf):
@@ -137,12 +296,8 @@ def build_configs(
         elif section == "task":
             task_opts[name] = value
         else:
-            raise ValueError(
-                f"unknown setting {key!r}; model settings: {', '.join(sorted(mf))}; "
-                f"train settings: {', '.join(sorted(tf))}; task options as task.NAME=VALUE"
+            hint = close_matches(name, mf + tf) or (
+                f"; model settings: {', '.join(mf)}; train settings: {', '.join(tf)}"
             )
-    for given, known, section in ((m, mf, "model"), (t, tf, "train")):
-        bad = set(given) - known
-        if bad:
-            raise ValueError(f"unknown {section} setting(s) {sorted(bad)}; known: {sorted(known)}")
-    return ModelConfig(**m), TrainConfig(**t), task_opts
+            raise ConfigError(f"unknown setting {key!r}{hint}; task options as task.NAME=VALUE")
+    return from_mapping(ModelConfig, m, "model"), from_mapping(TrainConfig, t, "train"), task_opts

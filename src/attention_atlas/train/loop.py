@@ -7,6 +7,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,18 +19,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..atomic import atomic_path, atomic_write_text
 from ..attention.registry import get_regularizer
 from ..data import ArrayTask, TextCorpus, make_sampler
 from ..models import ModelConfig, Transformer, param_counts
+from ..validate import ConfigError
 from .checkpoint import (
     Progress,
-    atomic_write_text,
     load_checkpoint,
     new_interval,
     save_checkpoint,
     seed_everything,
 )
-from .config import TrainConfig, check_run
+from .config import TrainConfig, check_model, check_run
 from .ddp import init_process_group, rank_world
 from .evaluate import cross_entropy, diagnostics, eval_batches, evaluate
 from .flops import measure_flops
@@ -51,6 +53,12 @@ class TrainResult:
     record: dict[str, Any]  # the run record (also run.json in out_dir)
     out_dir: Path | None = None
 
+    @property
+    def diverged(self) -> dict[str, Any] | None:
+        """``{"step", "quantity", "value", "message"}`` if the run stopped on a non-finite loss
+        or gradient norm, else None."""
+        return self.record.get("diverged")
+
 
 def train(
     model_cfg: ModelConfig,
@@ -67,16 +75,26 @@ def train(
             ``n_classes`` / ``patch_dim``, ``max_len``) are filled in from ``data``.
         train_cfg: the run.
         data: a :class:`~attention_atlas.data.TextCorpus` or :class:`~attention_atlas.data.ArrayTask`.
-        resume: continue from ``out_dir/checkpoint.pt`` if it exists.
+        resume: continue from ``out_dir/checkpoint.pt`` if it exists (a fresh run if not).
         callbacks: ``fn(step, info)`` called after each optimiser step (``step`` counts from 1;
             ``info`` has ``loss`` and ``grad_norm``), before that step's logging and checkpoint.
 
+    A non-finite loss or gradient norm stops the run before that step's update: the weights
+    (and the last checkpoint) stay those of the step before, a :class:`RuntimeWarning` names
+    the step, the final metrics are NaN and the record says ``"status": "diverged"`` (see
+    :attr:`TrainResult.diverged`).
+
     Under ``torchrun`` (``WORLD_SIZE > 1``) the process group is set up here (gloo on CPU,
     nccl on CUDA) and torn down at the end.
+
+    Raises:
+        ConfigError: a setting out of range, an unknown name, or a resume from a checkpoint
+            written under other settings (the message lists the differences); nothing has run.
     """
     cfg = train_cfg
     if resume and not cfg.out_dir:
-        raise ValueError("resume=True needs out_dir")
+        raise ConfigError("resume=True needs out_dir")
+    check_model(model_cfg)
     check_run(cfg)
     device, own_group = init_process_group(cfg.device)  # 1. processes and devices
     det_before = (
@@ -92,7 +110,7 @@ def train(
         run = _build(model_cfg, cfg, data, device, callbacks or [])
         if resume and run.ckpt_path is not None and run.ckpt_path.exists():
             run.progress = load_checkpoint(
-                run.ckpt_path, device, run.model, run.opt, run.sched, run.sampler
+                run.ckpt_path, device, run.model, run.opt, run.sched, run.sampler, run.configs()
             )
         return _train(run)
     finally:
@@ -132,6 +150,11 @@ class _Run:
     ckpt_path: Path | None
     progress: Progress = field(default_factory=Progress)
     t_start: float = field(default_factory=time.time)
+    diverged: dict[str, Any] | None = None  # set when a non-finite loss stops the run
+
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """The configs a checkpoint and the run record store."""
+        return {"train_config": self.cfg.to_dict(), "model_config": self.mcfg.to_dict()}
 
 
 def _model_cfg_for(
@@ -236,7 +259,11 @@ def _train(run: _Run) -> TrainResult:
     clock = _Clock(p.timing)
     stop = False
     while p.step < cfg.steps and not stop:
-        stop = _optimiser_step(run, ddp, needs_w, clock)
+        try:
+            stop = _optimiser_step(run, ddp, needs_w, clock)
+        except _NonFinite as err:
+            run.diverged = _diverged(run, err)
+            break
         bar.update(1)
         if p.step % cfg.log_every == 0 or p.step == cfg.steps or stop:  # 4. log and evaluate
             dt = clock.close_interval()
@@ -253,9 +280,8 @@ def _train(run: _Run) -> TrainResult:
             t_ck = time.perf_counter()  # 5. checkpoint
             p.timing = clock.state()
             save_checkpoint(
-                run.ckpt_path, run.model, run.opt, run.sched, run.sampler, p,
-                {"train_config": cfg.to_dict(), "model_config": run.mcfg.to_dict()},
-            )  # fmt: skip
+                run.ckpt_path, run.model, run.opt, run.sched, run.sampler, p, run.configs()
+            )
             clock.t_interval += time.perf_counter() - t_ck
     bar.close()
     return _finish(run, clock.t_train)
@@ -277,11 +303,13 @@ def _optimiser_step(run: _Run, ddp: nn.Module, needs_w: bool, clock: _Clock) -> 
         r = fn(run.model, out, (x, y), **opts)
         total = total + float(spec.get("weight", 1.0)) * r
         acc["reg"][spec["name"]] = acc["reg"].get(spec["name"], 0.0) + float(r.detach())
+    _check_finite("loss", total, p.step + 1, run.device)
     run.opt.zero_grad(set_to_none=True)
     total.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(
         run.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     )
+    _check_finite("gradient norm", gnorm, p.step + 1, run.device)
     run.opt.step()
     stop = False
     if cfg.max_time_s is not None:  # one clock for every rank (rank 0's)
@@ -302,6 +330,38 @@ def _optimiser_step(run: _Run, ddp: nn.Module, needs_w: bool, clock: _Clock) -> 
     for cb in run.callbacks:
         cb(p.step, {"loss": loss_f, "grad_norm": float(gnorm)})
     return stop
+
+
+class _NonFinite(Exception):
+    """A non-finite loss or gradient norm at an optimiser step (before its update)."""
+
+    def __init__(self, quantity: str, step: int, value: float) -> None:
+        super().__init__(quantity, step, value)
+        self.quantity, self.step, self.value = quantity, step, value
+
+
+def _check_finite(quantity: str, value: Tensor, step: int, device: torch.device) -> None:
+    """Raise :class:`_NonFinite` if ``value`` is NaN or infinite on any rank."""
+    _, world = rank_world()
+    bad = torch.tensor([0.0 if bool(torch.isfinite(value.detach())) else 1.0], device=device)
+    if world > 1:  # every rank stops at the same step
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if float(bad) > 0:
+        raise _NonFinite(quantity, step, float(value.detach()))
+
+
+def _diverged(run: _Run, err: _NonFinite) -> dict[str, Any]:
+    """The divergence record, and a warning naming the step and what is kept."""
+    kept = f"the weights of step {run.progress.step} are kept"
+    if run.ckpt_path is not None and run.ckpt_path.exists():
+        kept += f", and the last checkpoint {run.ckpt_path}"
+    message = (
+        f"training diverged at step {err.step}: the {err.quantity} is {err.value} "
+        f"(lr {run.opt.param_groups[0]['lr']:.3g}); the run stopped before that update and {kept}"
+    )
+    if rank_world()[0] == 0:
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return {"step": err.step, "quantity": err.quantity, "value": err.value, "message": message}
 
 
 def _global_mean(value: float, device: torch.device) -> float:
@@ -369,17 +429,7 @@ def _finish(run: _Run, t_train: float) -> TrainResult:
     """6. final evaluation, history and run record (written to ``out_dir`` by rank 0)."""
     cfg, p = run.cfg, run.progress
     rank, world = rank_world()
-    val = evaluate(
-        run.model, run.data, split="val", batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
-        max_batches=cfg.final_eval_batches, device=run.device,
-    )  # fmt: skip
-    final = {f"val_{k}": v for k, v in val.items() if k != "n"}
-    if cfg.eval_test and isinstance(run.data, TextCorpus):
-        test = evaluate(
-            run.model, run.data, split="test", batch_size=cfg.eval_batch_size,
-            seq_len=cfg.seq_len, device=run.device,
-        )  # fmt: skip
-        final.update({f"test_{k}": v for k, v in test.items() if k != "n"})
+    final = _final_metrics(run)
     final["steps"] = float(p.step)
     final["train_time_s"] = t_train
     if p.history:
@@ -387,6 +437,7 @@ def _finish(run: _Run, t_train: float) -> TrainResult:
         final["tokens_per_s"] = tok / max(1e-9, sum(h["interval_s"] for h in p.history))
     hist = pd.DataFrame(p.history)
     record = {
+        "status": "diverged" if run.diverged else "finished",
         "model_config": run.mcfg.to_dict(),
         "train_config": cfg.to_dict(),
         "data": {
@@ -404,8 +455,30 @@ def _finish(run: _Run, t_train: float) -> TrainResult:
         "wall_time_s": time.time() - run.t_start,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if run.diverged:
+        record["diverged"] = run.diverged
     if run.out_dir is not None and rank == 0:
-        run.out_dir.mkdir(parents=True, exist_ok=True)
-        hist.to_csv(run.out_dir / "history.csv", index=False)
+        with atomic_path(run.out_dir / "history.csv") as tmp:
+            hist.to_csv(tmp, index=False)
         atomic_write_text(json.dumps(record, indent=2, default=str), run.out_dir / "run.json")
     return TrainResult(hist, final, run.model, record, run.out_dir)
+
+
+def _final_metrics(run: _Run) -> dict[str, float]:
+    """Validation (and test, if asked) metrics of the trained model; NaN for a diverged run,
+    whose weights would have been non-finite after the update it stopped before."""
+    cfg = run.cfg
+    val = evaluate(
+        run.model, run.data, split="val", batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
+        max_batches=cfg.final_eval_batches, device=run.device,
+    )  # fmt: skip
+    final = {f"val_{k}": v for k, v in val.items() if k != "n"}
+    if cfg.eval_test and isinstance(run.data, TextCorpus):
+        test = evaluate(
+            run.model, run.data, split="test", batch_size=cfg.eval_batch_size,
+            seq_len=cfg.seq_len, device=run.device,
+        )  # fmt: skip
+        final.update({f"test_{k}": v for k, v in test.items() if k != "n"})
+    if run.diverged:
+        final = dict.fromkeys(final, math.nan)
+    return final

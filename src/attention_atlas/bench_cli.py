@@ -1,0 +1,141 @@
+"""The ``bench`` command: time registered attention variants against a baseline
+(:func:`attention_atlas.bench.bench_attention`), every argument checked first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .bench import bench_attention, format_table
+from .validate import ConfigError, NonNegativeInt, PositiveInt, close_matches, from_mapping
+
+__all__ = ["BenchSizes", "add_subcommand", "check_bench_args"]
+
+
+def add_subcommand(subparsers: Any) -> None:
+    """Register ``bench`` on the command line (see :mod:`attention_atlas.__main__`)."""
+    p = subparsers.add_parser(
+        "bench",
+        help="time attention variants against a baseline",
+        description=(
+            "Time registered attention variants (forward and forward+backward of attend on the "
+            "same q, k, v), interleaved, against a baseline; prints a table and writes JSON. "
+            "Example: python -m attention_atlas bench euclidean euclidean@explicit "
+            "--baseline dot -L 1024 --json artifacts/bench/euclid.json"
+        ),
+    )
+    p.add_argument(
+        "variants", nargs="+", help="registry names; NAME@explicit for the materialised path"
+    )
+    p.add_argument("--baseline", default="dot")
+    p.add_argument("-B", "--batch", type=int, default=4)
+    p.add_argument("-H", "--heads", type=int, default=8)
+    p.add_argument("-L", "--length", type=int, default=1024)
+    p.add_argument("-d", "--head-dim", type=int, default=16)
+    p.add_argument(
+        "--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"]
+    )
+    p.add_argument("--device", default=None)
+    p.add_argument("--no-causal", action="store_true")
+    p.add_argument("--no-backward", action="store_true")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--options", default="{}", help='JSON: {"euclidean": {"tau": 4.0}}')
+    p.add_argument("--json", default=None, help="write the result here")
+    p.set_defaults(func=_cli_bench)
+
+
+@dataclass
+class BenchSizes:
+    """The sizes and repetitions of a ``bench`` run, with their ranges."""
+
+    batch: PositiveInt
+    heads: PositiveInt
+    length: PositiveInt
+    head_dim: PositiveInt
+    reps: PositiveInt
+    warmup: NonNegativeInt
+
+
+def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Check a ``bench`` command line before anything is built; return the parsed
+    ``--options``. Raises :class:`ConfigError` (one line) naming the bad argument."""
+    from .attention.registry import attention_options, available_attention
+
+    sizes = {
+        f: getattr(args, f) for f in ("batch", "heads", "length", "head_dim", "reps", "warmup")
+    }
+    from_mapping(BenchSizes, sizes, "bench")
+    known = available_attention()
+    for spec in [*args.variants, args.baseline]:
+        name, _, path = spec.partition("@")
+        if name not in known:
+            raise ConfigError(
+                f"bench: unknown attention variant {name!r}{close_matches(name, known)}; "
+                f"known: {', '.join(known)}"
+            )
+        if path not in ("", "explicit"):
+            raise ConfigError(f"bench: variant {spec!r}: the only path suffix is '@explicit'")
+    try:
+        options = json.loads(args.options)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--options: not valid JSON ({err.msg}), got {args.options!r}") from None
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise ConfigError(
+            f'--options: expected {{"variant": {{"option": value}}}}, got {args.options!r}'
+        )
+    names = {spec.partition("@")[0] for spec in [*args.variants, args.baseline]}
+    for name, opts in options.items():
+        if name not in names:
+            raise ConfigError(f"--options: {name!r} is not one of the variants benchmarked")
+        takes = set(attention_options(name)) - {"dim", "n_heads"}
+        bad = sorted(set(opts) - takes)
+        if bad:
+            raise ConfigError(
+                f"--options: attention variant {name!r} does not take {bad[0]!r}; "
+                f"it takes: {', '.join(sorted(takes))}"
+            )
+    if args.device is not None:
+        try:
+            dev = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise ConfigError(
+                f"--device: expected a torch device such as 'cpu' or 'cuda', got {args.device!r}"
+            ) from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"--device: {args.device!r} asked for, but CUDA is not available")
+    if args.json and Path(args.json).is_dir():
+        raise ConfigError(f"--json: {args.json} is a folder, expected a file name")
+    return options
+
+
+def _cli_bench(args: argparse.Namespace) -> int:
+    options = check_bench_args(args)
+    res = bench_attention(
+        args.variants,
+        args.baseline,
+        batch=args.batch,
+        heads=args.heads,
+        length=args.length,
+        head_dim=args.head_dim,
+        causal=not args.no_causal,
+        dtype=getattr(torch, args.dtype),
+        device=args.device,
+        options=options,
+        backward=not args.no_backward,
+        memory=not args.no_memory,
+        reps=args.reps,
+        warmup=args.warmup,
+        json_path=args.json,
+    )
+    print(format_table(res))
+    if args.json:
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
