@@ -69,7 +69,7 @@ def test_stored_or_run_loads_a_complete_stored_grid_without_running(
         raise AssertionError("ran a cell although the grid is stored")
 
     monkeypatch.setattr(toy, "run_cell", fail)
-    grid = results.stored_or_run("toy", preset="smoke", seeds=[0], stored="smoke", log=None)
+    grid = results.stored_or_run("toy", preset="smoke", seeds=[0, 1], stored="smoke", log=None)
     assert grid.provenance.source == "stored" and len(grid.frame) == 2
 
 
@@ -80,7 +80,7 @@ def test_stored_or_run_runs_the_chapter_grid_when_nothing_complete_is_stored(
     grid = results.stored_or_run("toy", preset="smoke", params={"steps": 3}, seeds=[0], stored="long",
                                  out_dir=tmp_path / "chapter", log=lines.append)  # fmt: skip
     assert grid.provenance.source == "computed" and grid.complete and len(grid.frame) == 1
-    assert "no complete stored grid" in lines[0]
+    assert "no complete stored long grid" in lines[0]
     assert grid.provenance.text.startswith(
         f"computed here, as by `python -m attention_atlas sweep toy --preset smoke --seeds 0 -p steps=3 --out {tmp_path / 'chapter'}`"
     )
@@ -167,3 +167,19 @@ def test_a_record_too_large_for_the_store_is_written_with_a_warning(tmp_path: Pa
               tmp_path, log=lines.append)  # fmt: skip
     assert len(read_records(tmp_path)) == 1
     assert any("the results store is for metrics" in line for line in lines)
+
+
+def test_a_stored_grid_of_the_chapters_own_preset_counts_only_for_exactly_that_grid(
+    store: Path, tmp_path: Path
+) -> None:
+    """The stored smoke grid (steps 5) serves a chapter asking for the smoke grid, but not one
+    asking for it with other parameters (steps 3), nor for other seeds."""
+    same = results.stored_or_run("toy", preset="smoke", seeds=[0], stored=("long", "smoke"),
+                                 log=None)  # fmt: skip
+    assert same.provenance.source == "stored"
+    other = results.stored_or_run("toy", preset="smoke", params={"steps": 3}, seeds=[0],
+                                  stored=("long", "smoke"), out_dir=tmp_path / "a", log=None)  # fmt: skip
+    assert other.provenance.source == "computed"
+    seeds = results.stored_or_run("toy", preset="smoke", seeds=[7], stored=("long", "smoke"),
+                                  out_dir=tmp_path / "b", log=None)  # fmt: skip
+    assert seeds.provenance.source == "computed"

@@ -228,33 +228,43 @@ def stored_or_run(
     params: Mapping[str, Any] | None = None,
     preset: str = "book",
     seeds: Sequence[int] = (0, 1, 2),
-    stored: str | None = "long",
+    stored: str | Sequence[str] | None = ("long", "book"),
     use_stored: bool = True,
     out_dir: str | os.PathLike[str] | None = None,
     log: Callable[[str], None] | None = print,
     **sweep_kwargs: Any,
 ) -> Grid:
-    """Stored results of ``experiment``'s ``stored`` grid if every cell of it is in the store,
-    else its ``preset`` grid (``PRESETS[preset]`` updated with ``params``) over ``seeds``, run
-    now into ``out_dir`` (a temporary folder if None; finished cells there are reused).
+    """The first complete stored grid among ``stored`` (in order), else ``experiment``'s
+    ``preset`` grid (``PRESETS[preset]`` updated with ``params``) over ``seeds``, run now into
+    ``out_dir`` (a temporary folder if None; finished cells there are reused).
 
-    ``use_stored=False`` (a smoke run) always runs. ``sweep_kwargs`` go to
-    :func:`attention_atlas.sweep.run_sweep` (``workers``, ``log``...). The returned grid's
-    ``provenance.source`` says which happened, and ``provenance.text`` how it was made.
+    A stored preset other than ``preset`` (``"long"``, say) is taken whole, as its
+    ``grid.json`` describes it. The stored ``preset`` itself counts only if it holds every cell
+    of exactly the grid asked for (same configurations, parameters and seeds), so a chapter run
+    with other parameters never shows stale results. ``use_stored=False`` (a smoke run) always
+    runs. ``sweep_kwargs`` go to :func:`attention_atlas.sweep.run_sweep` (``workers``, ...). The
+    returned grid's ``provenance.source`` says which happened, ``provenance.text`` how it was
+    made.
     """
     from .sweep import experiment_grid, run_experiment
 
-    if use_stored and stored is not None:
+    _, kwargs, configs = experiment_grid(experiment, preset, params)
+    names = [stored] if isinstance(stored, str) else list(stored or ())
+    for name in names if use_stored else []:
         try:
-            grid = load_grid(experiment, stored)
+            if name == preset:
+                grid = load_grid(experiment, name, configs, seeds)
+            else:
+                grid = load_grid(experiment, name)
         except (FileNotFoundError, IncompleteGrid) as e:
             if log is not None:
-                log(f"[results] no complete stored grid ({e}); running the {preset} grid")
-        else:
-            if log is not None:
-                log(f"[results] {grid.provenance.text}")
-            return grid
-    _, kwargs, configs = experiment_grid(experiment, preset, params)
+                log(f"[results] no complete stored {name} grid ({e})")
+            continue
+        if log is not None:
+            log(f"[results] {grid.provenance.text}")
+        return grid
+    if log is not None:
+        log(f"[results] running the {preset} grid of {experiment}")
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"{experiment}-"))
     run_experiment(experiment, preset=preset, params=kwargs, seeds=seeds, out_dir=out, log=log,
                    command_out=out_dir is not None, **sweep_kwargs)  # fmt: skip
