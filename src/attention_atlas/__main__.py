@@ -9,6 +9,8 @@ Commands:
     notebooks run [--smoke] [NAME ...] [--out DIR] [-p key=value ...]   run chapters headlessly
     notebooks list                                                      chapters and parameters
     sweep EXPERIMENT [--preset P] [--seeds ...] [--out DIR] [-p k=v]      experiment grid over seeds
+    lab [CHAPTER] [--smoke] [--port P] [--token T]                      JupyterLab, widgets live
+    serve [--port P] [--jupyter-port P] [--smoke]                       the book, live on a kernel
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "train": "attention_atlas.train",
     "bench": "attention_atlas.bench",
     "sweep": "attention_atlas.sweep",
+    "lab": "attention_atlas.lab",  # registers lab and serve
+    "serve": "attention_atlas.lab",
 }
 
 
@@ -34,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Attention Atlas: run the book's chapters, training and benchmarks.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS.values():
+    for module in dict.fromkeys(COMMANDS.values()):  # a module registers all its commands once
         importlib.import_module(module).add_subcommand(subparsers)
     return parser
 

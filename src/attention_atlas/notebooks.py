@@ -59,6 +59,10 @@ __all__ = [
 HEADLESS_ENV = "ATTENTION_ATLAS_HEADLESS"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SMOKE_SWITCH = re.compile(
+    r"^(from attention_atlas\.lab import apply_smoke|apply_smoke\(SMOKE, globals\(\)\))[ \t]*(#.*)?$",
+    re.M,
+)
 
 
 class ParameterError(ValueError):
@@ -181,7 +185,9 @@ def chapter_smoke(path: Path, nb: Any = None) -> dict[str, Any]:
         raise ParameterError(
             f"{path.name}: expected exactly one cell tagged 'smoke', found {len(cells)}"
         )
-    values = _literal_assignments(cells[0][1].source, f"{path.name} smoke cell")
+    # the lab switch (attention_atlas.lab.apply_smoke) may follow SMOKE; blanked, lines kept
+    source = _SMOKE_SWITCH.sub("", cells[0][1].source)
+    values = _literal_assignments(source, f"{path.name} smoke cell")
     if set(values) != {"SMOKE"} or not isinstance(values["SMOKE"], dict):
         raise ParameterError(
             f"{path.name} smoke cell: expected exactly `SMOKE = {{name: literal, ...}}`, "
