@@ -21,8 +21,9 @@ def interactive_smoke(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_switch_replaces_the_parameters_by_the_smoke_values(interactive_smoke) -> None:
     namespace = {"steps": 400, "lr": 1e-3, "seeds": [0, 1, 2]}
-    applied = lab.apply_smoke({"steps": 5, "lr": 1, "seeds": [0]}, namespace)
-    assert namespace == {"steps": 5, "lr": 1.0, "seeds": [0]} and applied["lr"] == 1.0
+    lab.apply_smoke({"steps": 5, "lr": 1, "seeds": [0]}, namespace)
+    assert namespace == {"steps": 5, "lr": 1.0, "seeds": [0]}
+    assert isinstance(namespace["lr"], float)
 
 
 def test_headless_runs_and_unset_switch_keep_the_book_values(
@@ -30,10 +31,12 @@ def test_headless_runs_and_unset_switch_keep_the_book_values(
 ) -> None:
     namespace = {"steps": 400}
     monkeypatch.setenv(HEADLESS_ENV, "1")  # papermill, make book, the tests
-    assert lab.apply_smoke({"steps": 5}, namespace) == {} and namespace == {"steps": 400}
+    lab.apply_smoke({"steps": 5}, namespace)
+    assert namespace == {"steps": 400}
     monkeypatch.delenv(HEADLESS_ENV)
     monkeypatch.setenv(lab.SMOKE_ENV, "0")
-    assert lab.apply_smoke({"steps": 5}, namespace) == {} and namespace == {"steps": 400}
+    lab.apply_smoke({"steps": 5}, namespace)
+    assert namespace == {"steps": 400}
 
 
 def test_the_switch_rejects_unknown_names_and_wrong_types(interactive_smoke) -> None:

@@ -62,16 +62,17 @@ def smoke_requested() -> bool:
     return _on(SMOKE_ENV) and not _on(HEADLESS_ENV)
 
 
-def apply_smoke(smoke: Mapping[str, Any], namespace: MutableMapping[str, Any]) -> dict[str, Any]:
+def apply_smoke(smoke: Mapping[str, Any], namespace: MutableMapping[str, Any]) -> None:
     """Replace the chapter's parameters in ``namespace`` (its ``globals()``) by ``smoke`` when
-    :func:`smoke_requested`; otherwise do nothing. Returns the values applied.
+    :func:`smoke_requested`; otherwise do nothing. Prints the values applied (it returns
+    nothing, so the smoke cell shows no value).
 
     Raises:
         ParameterError: a SMOKE name the parameters cell did not define, or a value of another
             type than the book's (the same check as ``notebooks run --smoke``).
     """
     if not smoke_requested():
-        return {}
+        return
     missing = sorted(k for k in smoke if k not in namespace)
     if missing:
         raise ParameterError(f"SMOKE sets {missing}, which the parameters cell does not define")
@@ -80,7 +81,6 @@ def apply_smoke(smoke: Mapping[str, Any], namespace: MutableMapping[str, Any]) -
     namespace.update(checked)
     shown = ", ".join(f"{k}={v!r}" for k, v in checked.items())
     print(f"SMOKE values in use ({SMOKE_ENV}=1): {shown}")
-    return checked
 
 
 # -- servers -----------------------------------------------------------------------------------
