@@ -12,7 +12,6 @@ JupyterLab and 10 s to 1 min per chapter on two cores.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -22,9 +21,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from live_servers import LabServer, start_lab
 
 from attention_atlas.notebooks import chapters
-from live_servers import LabServer, start_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
