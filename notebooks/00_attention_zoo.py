@@ -274,7 +274,7 @@ def attention_map(temperature, sequence):
     with torch.no_grad():
         A = dot_weights(*dot.split_heads(states(toks)), temperature)
     title = (
-        f"dot-product attention, T = {temperature:g}: mean row entropy {mean_entropy(A):.2f} "
+        f"dot-product attention, T = {temperature:.3g}: mean row entropy {mean_entropy(A):.2f} "
         f"(log L = {math.log(len(toks)):.2f})"
     )
     fig = viz.heatmap(A, zmin=0.0, zmax=1.0, title=title, height=560)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,10 +19,18 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 import psutil
 
+from attention_atlas.notebooks import chapters
+
 ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+#: the call that marks a chapter's main exploration (the control the browser tests move)
+MAIN_CONTROL = re.compile(r"viz\.explore\((?:[^()]|\([^()]*\))*\bmain=True", re.S)
 
 #: JupyterLab user settings for the tests: never save the chapter (a .py file, through
 #: jupytext), render every cell (no windowing), no news or update checks
@@ -134,14 +144,17 @@ def _wait_ready(server: LabServer, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def start_lab(workdir: Path, *, smoke: bool = True, serve: bool = False) -> Iterator[LabServer]:
-    """``python -m attention_atlas lab --smoke`` (or ``serve``, the book and the server) on
-    free ports with a fresh token; yields once the Jupyter server answers; always stopped."""
+def start_lab(
+    workdir: Path, *, smoke: bool = True, html: Path | None = None
+) -> Iterator[LabServer]:
+    """``python -m attention_atlas lab --smoke`` (or, given a built book ``html``, ``serve``:
+    the book and the Jupyter server) on free ports with a fresh token; yields once the Jupyter
+    server answers; always stopped."""
     port, token = free_port(), secrets.token_hex(16)
-    if serve:
+    if html is not None:
         book_port: int | None = free_port()
         args = ["serve", "--port", str(book_port), "--jupyter-port", str(port)]
-        args += ["--html", str(workdir / "html")]
+        args += ["--html", str(html)]
     else:
         book_port = None
         args = ["lab", "--port", str(port)]
@@ -161,3 +174,47 @@ def start_lab(workdir: Path, *, smoke: bool = True, serve: bool = False) -> Iter
         yield server
     finally:
         server.stop()
+
+
+# -- in the browser --------------------------------------------------------------------------
+
+
+def chapters_with_a_main_control() -> list[Path]:
+    """Chapters whose source calls ``viz.explore(..., main=True)``."""
+    return [p for p in chapters(ROOT / "notebooks") if MAIN_CONTROL.search(p.read_text())]
+
+
+def block_other_hosts(context: Any, blocked: list[str]) -> None:
+    """Abort every request of a Playwright browser context to a host other than 127.0.0.1,
+    recording its URL in ``blocked``."""
+
+    def route(r: Any) -> None:
+        url = r.request.url
+        if url.startswith(("data:", "blob:", "about:")) or urlparse(url).hostname == "127.0.0.1":
+            r.continue_()
+        else:
+            blocked.append(url)
+            r.abort()
+
+    context.route("**/*", route)
+
+
+def move_control(control: Any) -> str:
+    """Move a control one step: a slider's handle by the keyboard, a menu to its next entry,
+    a text box to a new text. Returns what was done."""
+    handle = control.locator(".noUi-handle")
+    if handle.count():
+        handle.first.focus()
+        for _ in range(3):
+            handle.first.press("ArrowRight")
+        return "main control (a slider) moved 3 steps right"
+    select = control.locator("select")
+    if select.count():
+        values = select.first.locator("option").evaluate_all("os => os.map(o => o.value)")
+        current = select.first.input_value()
+        select.first.select_option(values[(values.index(current) + 1) % len(values)])
+        return "main control (a menu) moved to its next entry"
+    box = control.locator("input, textarea").first
+    box.fill(box.input_value() + " more")
+    box.press("Enter")
+    return "main control (a text box) changed"

@@ -14,32 +14,26 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from live_servers import LabServer, start_lab
-
-from attention_atlas.notebooks import chapters
-
-ROOT = Path(__file__).resolve().parents[1]
-SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-#: the call that marks a chapter's main exploration (the control this test moves)
-MAIN_CONTROL = re.compile(r"viz\.explore\((?:[^()]|\([^()]*\))*\bmain=True", re.S)
+from live_servers import (
+    CHROMIUM,
+    MAIN_CONTROL,
+    SCREENSHOTS,
+    LabServer,
+    chapters_with_a_main_control,
+    move_control,
+    start_lab,
+)
 
 #: seconds a chapter may take to run with its SMOKE values in the live kernel
 RUN_TIMEOUT = float(os.environ.get("ATTENTION_ATLAS_LIVE_TIMEOUT", "600"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.live]
-
-
-def chapters_with_a_main_control() -> list[Path]:
-    """Chapters whose source calls ``viz.explore(..., main=True)``."""
-    return [p for p in chapters(ROOT / "notebooks") if MAIN_CONTROL.search(p.read_text())]
 
 
 @pytest.fixture(scope="module")
@@ -103,27 +97,6 @@ def _run_all(page, timeout_s: float) -> dict:
     raise AssertionError(f"the chapter did not finish within {timeout_s:.0f} s: {state}")
 
 
-def _move(control) -> str:
-    """Move a control one step: a slider's handle by the keyboard, a menu to its next entry,
-    a text box to a new text. Returns what was done."""
-    handle = control.locator(".noUi-handle")
-    if handle.count():
-        handle.first.focus()
-        for _ in range(3):
-            handle.first.press("ArrowRight")
-        return "main control (a slider) moved 3 steps right"
-    select = control.locator("select")
-    if select.count():
-        values = select.first.locator("option").evaluate_all("os => os.map(o => o.value)")
-        current = select.first.input_value()
-        select.first.select_option(values[(values.index(current) + 1) % len(values)])
-        return "main control (a menu) moved to its next entry"
-    box = control.locator("input, textarea").first
-    box.fill(box.input_value() + " more")
-    box.press("Enter")
-    return "main control (a text box) changed"
-
-
 @pytest.mark.parametrize("path", chapters_with_a_main_control(), ids=lambda p: p.stem)
 def test_moving_the_main_control_changes_the_figure(lab_server: LabServer, path: Path) -> None:
     if not Path(CHROMIUM).exists():
@@ -171,7 +144,7 @@ def test_moving_the_main_control_changes_the_figure(lab_server: LabServer, path:
             control.scroll_into_view_if_needed()
             page.wait_for_function(f"({FIGURE_DATA})() !== null", timeout=60_000)
             before = page.evaluate(FIGURE_DATA)
-            done = _move(control)
+            done = move_control(control)
             after = before
             for _ in range(120):  # up to 60 s for the kernel to recompute
                 page.wait_for_timeout(500)

@@ -137,14 +137,17 @@ def _environment(smoke: bool) -> dict[str, str]:
 
 
 def _run_until_signal(proc: subprocess.Popen, cleanup: Any = None) -> int:
-    """Wait for ``proc``; on SIGINT/SIGTERM stop it (and ``cleanup()``) and return."""
+    """Wait for ``proc``; on SIGINT/SIGTERM stop it (and ``cleanup()``) and return 0."""
+    stopped = []
 
     def stop(signum: int, frame: Any) -> None:
+        stopped.append(signum)
         proc.terminate()
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait()
+        code = proc.wait()
+        return 0 if stopped else code
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -188,6 +191,10 @@ def serve_book(html: Path, port: int) -> http.server.ThreadingHTTPServer:
     """Serve the built book from ``html`` on 127.0.0.1 (a thread; ``.shutdown()`` stops it)."""
     if not (html / "index.html").is_file():
         raise FileNotFoundError(f"no built book at {html} (run `make book` first)")
+    if not (html / "_static" / "vendor" / "thebe" / "index.js").is_file():
+        raise FileNotFoundError(
+            f"the book at {html} has no thebe (built before it was vendored): run `make book`"
+        )
     handler = functools.partial(_QuietHandler, directory=str(html))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
