@@ -140,6 +140,8 @@ def test_moving_the_main_control_changes_the_figure(lab_server: LabServer, path:
             state = _run_all(page, timeout_s=RUN_TIMEOUT)
             assert not state["errors"], "a cell shows an error:\n" + "\n---\n".join(state["errors"])
             assert state["text"], "the chapter did not report its SMOKE values (apply_smoke)"
+            listening = lab_server.listening_addresses()  # the kernel's sockets too, now
+            assert all(ip == "127.0.0.1" for ip, _ in listening), listening
             control = page.locator(".atlas-main-control").first
             control.scroll_into_view_if_needed()
             page.wait_for_function(f"({FIGURE_DATA})() !== null", timeout=60_000)

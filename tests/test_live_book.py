@@ -108,6 +108,8 @@ def test_going_live_runs_the_page_and_the_main_control_reaches_the_kernel(
             status = page.locator(".atlas-live-bar").inner_text()
             assert page.evaluate(LIVE_STATE) == "live", status
             assert not page.evaluate(ERRORS), page.evaluate(ERRORS)
+            listening = served.listening_addresses()  # the kernel's sockets too, now
+            assert all(ip == "127.0.0.1" for ip, _ in listening), listening
             control = page.locator(".atlas-main-control").first
             control.scroll_into_view_if_needed()
             before = page.evaluate(FIGURE_DATA)
