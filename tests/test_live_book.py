@@ -39,6 +39,11 @@ FIGURE_DATA = """
   return JSON.stringify(plot.data.map(t => [t.x, t.y, t.z]));
 }
 """
+#: live Markdown outputs whose $math$ was left as text (not typeset by the page's MathJax)
+RAW_MATH = """
+() => Array.from(document.querySelectorAll('.jp-RenderedMarkdown'))
+  .map(e => e.textContent).filter(t => /\\$[^$\\n]+\\$/.test(t)).map(t => t.slice(0, 200))
+"""
 ERRORS = """
 () => Array.from(document.querySelectorAll(
     '[data-mime-type="application/vnd.jupyter.error"], '
@@ -108,6 +113,8 @@ def test_going_live_runs_the_page_and_the_main_control_reaches_the_kernel(
             status = page.locator(".atlas-live-bar").inner_text()
             assert page.evaluate(LIVE_STATE) == "live", status
             assert not page.evaluate(ERRORS), page.evaluate(ERRORS)
+            page.wait_for_timeout(1000)  # MathJax typesets asynchronously
+            assert not page.evaluate(RAW_MATH), page.evaluate(RAW_MATH)
             listening = served.listening_addresses()  # the kernel's sockets too, now
             assert all(ip == "127.0.0.1" for ip, _ in listening), listening
             control = page.locator(".atlas-main-control").first

@@ -69,6 +69,28 @@
     }
   }
 
+  // thebe has no Markdown parser (Markdown outputs, such as viz.markdown's prose with numbers,
+  // would show as source): a small one for what chapters print (paragraphs, emphasis, code,
+  // links, {cite}`key` as [key]); the renderer takes $math$ out before and typesets it after
+  // (atlas-mathjax2-shim.js)
+  function escapeHtml(text) {
+    return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  function renderMarkdown(source) {
+    var kept = [];
+    var keep = function (html) { kept.push(html); return "\u0000" + (kept.length - 1) + "\u0000"; };
+    var text = source
+      .replace(/\{cite[pt]?\}`([^`]+)`/g, "[$1]")
+      .replace(/`([^`]+)`/g, function (m, code) { return keep("<code>" + escapeHtml(code) + "</code>"); });
+    var html = escapeHtml(text)
+      .replace(/\*\*([^*]+)\*\*/g, "<strong>$1</strong>")
+      .replace(/\*([^*\s][^*]*)\*/g, "<em>$1</em>")
+      .replace(/\[([^\]]+)\]\((https?:[^)\s]+)\)/g, '<a href="$2">$1</a>');
+    html = html.split(/\n\s*\n/).map(function (p) { return "<p>" + p + "</p>"; }).join("\n");
+    return html.replace(/\u0000(\d+)\u0000/g, function (m, i) { return kept[+i]; });
+  }
+
   // one source element and one output placeholder per code cell, in order (myst-nb's markup)
   function markCells() {
     var cells = document.querySelectorAll("div.cell");
@@ -120,6 +142,11 @@
         mathjaxConfig: "TeX-AMS_CHTML-full,Safe",
         codeMirrorConfig: { mode: "python", theme: "default" },
       });
+      if (live.notebook && live.notebook.rendermime) {
+        live.notebook.rendermime.markdownParser = {
+          render: function (source) { return Promise.resolve(renderMarkdown(source)); },
+        };
+      }
       say(bar, "running the " + n + " cells of this page on the local kernel…");
       await live.notebook.executeAll(true);
       var failed = document.querySelectorAll('.cell_output [data-mime-type="application/vnd.jupyter.error"]');

@@ -5,7 +5,24 @@
   "use strict";
   var mj = window.MathJax || (window.MathJax = {});
   if (mj.Hub) return;
+  // rendered Markdown keeps $...$ and $$...$$, which the page's MathJax 3 does not read:
+  // rewrite them as \(...\) and \[...\] and mark the node for MathJax ("math" class)
+  function dollarsToMathJax3(node) {
+    if (!node || !node.classList || !node.classList.contains("jp-RenderedMarkdown")) return;
+    var walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
+    var texts = [];
+    for (var t = walker.nextNode(); t; t = walker.nextNode()) {
+      if (!t.parentElement.closest("code, pre")) texts.push(t);
+    }
+    texts.forEach(function (t) {
+      t.textContent = t.textContent
+        .replace(/\$\$([\s\S]+?)\$\$/g, "\\[$1\\]")
+        .replace(/\$([^$\n]+?)\$/g, "\\($1\\)");
+    });
+    node.classList.add("math");
+  }
   function typeset(node) {
+    dollarsToMathJax3(node);
     if (mj.typesetPromise) {
       return mj.typesetPromise(node ? [node] : undefined).catch(function (e) {
         console.warn("MathJax:", e);
