@@ -11,7 +11,7 @@ VENDOR_STAMP := book/_static/vendor/VERSIONS.json
 export ATTENTION_ATLAS_DATA ?= $(abspath ../shared/data)
 export PYTHONHASHSEED := 0
 
-.PHONY: venv vendor test lint typecheck pytest book book-check lab smoke clean
+.PHONY: venv vendor test test-live lint typecheck pytest book book-check lab serve smoke clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-# MathJax, require.js and the widget HTML manager, exact versions, sha256-checked (see README)
+# MathJax, require.js, the widget HTML manager and thebe, exact versions, sha256-checked (README)
 vendor: $(VENDOR_STAMP)
 
 $(VENDOR_STAMP): book/_ext/vendor_js.py | $(STAMP)
@@ -37,9 +37,14 @@ typecheck: $(STAMP)
 
 # unit tests, a smoke run of every chapter, the book built from them, the browser test
 pytest: $(STAMP) $(VENDOR_STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not live" $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# the live tests (CI runs them after make test): each chapter with a main control run with its
+# SMOKE values in JupyterLab and in the live book (make serve), its control moved in Chromium
+test-live: $(STAMP) $(VENDOR_STAMP)
+	$(BIN)/python -m pytest -m live $(PYTEST_ARGS)
 
 # Jupyter Book's execution cache keys on each chapter's own source; a change to the library
 # (src/) or to the lock must re-run the chapters too, so it empties the cache, and Sphinx's
@@ -64,12 +69,16 @@ book-check: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/python -m attention_atlas notebooks run --smoke -j 2 $(NAME)
 
-# JupyterLab: the .py chapters open as notebooks (jupytext), widgets are live
-LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+# JupyterLab on 127.0.0.1 with a token: the .py chapters open as notebooks (jupytext), widgets
+# live. make lab NAME=00_attention_zoo opens one chapter; SMOKE=1 runs chapters with their SMOKE
+# values; LAB_ARGS="--port 9999" and more (python -m attention_atlas lab --help)
 lab: $(STAMP)
-	mkdir -p $(dir $(LAB_OVERRIDES))
-	test -f $(LAB_OVERRIDES) || echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $(LAB_OVERRIDES)
-	$(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	$(BIN)/python -m attention_atlas lab $(NAME) $(if $(SMOKE),--smoke) $(LAB_ARGS)
+
+# the built book (make book) on http://127.0.0.1:8000 and a local Jupyter server (127.0.0.1,
+# token, the book's origin allowed): each chapter page's "Go live" button runs it there
+serve: $(STAMP)
+	$(BIN)/python -m attention_atlas serve $(if $(SMOKE),--smoke) $(SERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) _build .jupyter_cache artifacts .pytest_cache .mypy_cache .ruff_cache book/_static/vendor

@@ -44,6 +44,9 @@ tol_paths = 1e-9  # each variant: fast path vs its materialised weights, float64
 
 # %% tags=["smoke"]
 SMOKE = {"text": "attend here", "temperatures": [0.1, 1.0], "check_length": 32}
+from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+
+apply_smoke(SMOKE, globals())
 
 # %%
 import inspect
@@ -71,16 +74,23 @@ print("registered attention variants:", ", ".join(available_attention()))
 # so that the checks below can use tight tolerances.
 
 # %%
-tokens = list(text)
-L = len(tokens)
 gen = torch.Generator().manual_seed(seed)
 embedding = torch.randn(256, dim, generator=gen, dtype=torch.float64)
-codes = torch.tensor([min(ord(c), 255) for c in tokens])
-pos = torch.arange(L, dtype=torch.float64)[:, None]
 freq = torch.exp(-math.log(10_000.0) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-pe = torch.zeros(L, dim, dtype=torch.float64)
-pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
-x = (embedding[codes] + pe)[None]  # (1, L, D)
+
+
+def states(tokens):
+    """Hidden states (1, L, D): each character's embedding plus its sinusoidal position code."""
+    codes = torch.tensor([min(ord(c), 255) for c in tokens])
+    pos = torch.arange(len(tokens), dtype=torch.float64)[:, None]
+    pe = torch.zeros(len(tokens), dim, dtype=torch.float64)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
+    return (embedding[codes] + pe)[None]
+
+
+tokens = list(text)
+L = len(tokens)
+x = states(tokens)  # (1, L, D)
 print(f"{L} tokens, hidden states x: {tuple(x.shape)} {x.dtype}")
 
 # %% [markdown]
@@ -187,15 +197,26 @@ viz.markdown(
 # the variant. Softmax weights use one colour scale from 0; weights that can be negative use
 # a diverging scale centred on 0.
 
+
 # %%
-names = list(zoo)
-fig = make_subplots(rows=1, cols=2, subplot_titles=("non-causal", "causal"), horizontal_spacing=0.1)
-groups = []
-for name in names:
-    e = zoo[name]
+def axis_ticks(tokens):
+    """Axis ticks that name each position by its character."""
+    return {
+        "tickmode": "array",
+        "tickvals": list(range(len(tokens))),
+        "ticktext": tokens,
+        "tickangle": 0,
+    }
+
+
+def variant_weights(variant):
+    """Head 0 of a variant's weights, non-causal beside causal, on one colour scale."""
+    e = zoo[variant]
     shown = [e[key][0] for key in ("noncausal", "causal") if e[key] is not None]
     top = float(max(np.nanmax(A) for A in shown))  # one scale for both panels of a variant
-    idx = []
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("non-causal", "causal"), horizontal_spacing=0.1
+    )
     for col, key in ((1, "noncausal"), (2, "causal")):
         A = e[key][0] if e[key] is not None else np.full((L, L), np.nan)
         style = (
@@ -203,24 +224,16 @@ for name in names:
             if e["row_stochastic"]
             else {"colorscale": "RdBu", "zmid": 0.0}
         )
-        fig.add_trace(
-            go.Heatmap(z=A, name=f"{name} {key}", showscale=(col == 2), **style), row=1, col=col
-        )
-        idx.append(len(fig.data) - 1)
-    groups.append(idx)
-ticks = {"tickmode": "array", "tickvals": list(range(L)), "ticktext": tokens, "tickangle": 0}
-fig.update_xaxes(title="key j", **ticks)
-fig.update_yaxes(title="query i", autorange="reversed", scaleanchor="x", **ticks)
-fig.update_yaxes(scaleanchor="x2", row=1, col=2)
-viz.add_selector(
-    fig,
-    names,
-    groups,
-    kind="dropdown",
-    titles=[f"attention weights of '{n}' (head 0)" for n in names],
-)
-fig.update_layout(height=500, margin={"t": 130})
-viz.show(fig)
+        heat = go.Heatmap(z=A, name=f"{variant} {key}", showscale=(col == 2), **style)
+        fig.add_trace(heat, row=1, col=col)
+    fig.update_xaxes(title="key j", **axis_ticks(tokens))
+    fig.update_yaxes(title="query i", autorange="reversed", scaleanchor="x", **axis_ticks(tokens))
+    fig.update_yaxes(scaleanchor="x2", row=1, col=2)
+    title = f"attention weights of '{variant}' (head 0)"
+    return fig.update_layout(title=title, height=500, margin={"t": 130})
+
+
+viz.explore(variant_weights, {"variant": viz.dropdown(list(zoo))})
 
 # %% [markdown]
 # ## Temperature
@@ -229,6 +242,10 @@ viz.show(fig)
 # each row of $A$ puts all its weight on the best-scoring key (hard attention), and as
 # $T \to \infty$ it spreads evenly over all visible keys (a plain average). A convenient
 # number is the mean entropy of a row, between 0 (one key) and $\log L$ (all keys).
+#
+# The slider below steps through the temperatures computed when the book was built. In
+# JupyterLab (`make lab`) the same figure is live: the temperature slides continuously and you
+# can type any sequence; each move recomputes the weights with the library.
 
 # %%
 dot = zoo["dot"]["module"]
@@ -249,25 +266,29 @@ def mean_entropy(A):
 
 sweep = {t: dot_weights(q, k, v, t) for t in temperatures}
 entropies = {t: mean_entropy(A) for t, A in sweep.items()}
-fig = go.Figure()
-for t, A in sweep.items():
-    fig.add_trace(go.Heatmap(z=A, zmin=0.0, zmax=1.0, colorscale="Viridis", name=f"T={t:g}"))
-viz.add_selector(
-    fig,
-    [f"{t:g}" for t in temperatures],
-    [[i] for i in range(len(temperatures))],
-    prefix="temperature T = ",
-    titles=[
-        f"dot-product attention, T = {t:g}: mean row entropy {entropies[t]:.2f} "
-        f"(log L = {math.log(L):.2f})"
-        for t in temperatures
-    ],
-    active=len(temperatures) // 2,
-)
-fig.update_xaxes(title="key j", **ticks)
-fig.update_yaxes(title="query i", autorange="reversed", scaleanchor="x", **ticks)
-fig.update_layout(height=560)
-viz.show(fig)
+
+
+def attention_map(temperature, sequence):
+    """Head-0 dot-product weights of `sequence` at `temperature`, recomputed by the library."""
+    toks = list(sequence) or [" "]
+    with torch.no_grad():
+        A = dot_weights(*dot.split_heads(states(toks)), temperature)
+    title = (
+        f"dot-product attention, T = {temperature:.3g}: mean row entropy {mean_entropy(A):.2f} "
+        f"(log L = {math.log(len(toks)):.2f})"
+    )
+    fig = viz.heatmap(A, zmin=0.0, zmax=1.0, title=title, height=560)
+    fig.update_xaxes(**axis_ticks(toks))
+    return fig.update_yaxes(scaleanchor="x", **axis_ticks(toks))
+
+
+controls = {
+    "temperature": viz.slider(
+        temperatures, live_range=(0.03, 30.0), log=True, label="temperature T"
+    ),
+    "sequence": viz.text(text),  # typed freely in JupyterLab; the book shows `text`
+}
+viz.explore(attention_map, controls, main=True)
 ents = [entropies[t] for t in temperatures]
 assert all(a < b for a, b in zip(ents, ents[1:], strict=False)), (
     f"row entropy must grow with temperature, got {ents}"
@@ -284,36 +305,6 @@ if 1.0 in entropies:
         + (": an untrained layer attends almost uniformly." if share > 0.8 else ".")
     )
 viz.markdown(summary)
-
-# %% [markdown]
-# In JupyterLab (`make lab`) the cell below gives live controls: type any sequence and move
-# the temperature. In the static book it does nothing; the slider above shows the same sweep.
-
-# %%
-if viz.is_interactive():
-    import ipywidgets as widgets
-
-    def draw(sequence, temperature):
-        toks = list(sequence) or [" "]
-        c = torch.tensor([min(ord(ch), 255) for ch in toks])
-        p = torch.arange(len(toks), dtype=torch.float64)[:, None]
-        pe_ = torch.zeros(len(toks), dim, dtype=torch.float64)
-        pe_[:, 0::2], pe_[:, 1::2] = torch.sin(p * freq), torch.cos(p * freq)
-        with torch.no_grad():
-            qq, kk, vv = dot.split_heads((embedding[c] + pe_)[None])
-        A = dot_weights(qq, kk, vv, temperature)
-        f = viz.heatmap(A, zmin=0.0, zmax=1.0, title=f"T = {temperature:.2f}")
-        f.update_xaxes(tickmode="array", tickvals=list(range(len(toks))), ticktext=toks)
-        f.update_yaxes(tickmode="array", tickvals=list(range(len(toks))), ticktext=toks)
-        viz.show(f)
-
-    display(
-        widgets.interactive(
-            draw,
-            sequence=widgets.Text(value=text, description="sequence"),
-            temperature=widgets.FloatLogSlider(value=1.0, base=10, min=-1.5, max=1.5, step=0.05),
-        )
-    )
 
 # %% [markdown]
 # ## The fast path computes what it says

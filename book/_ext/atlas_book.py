@@ -5,7 +5,10 @@
 * Serves plotly.js from the book itself: copies ``plotly.min.js`` from the installed ``plotly``
   package into ``_static/vendor/`` and adds it (before require.js) to every page that holds a
   figure drawn by :func:`attention_atlas.viz.show`.
-* Drops sphinx-thebe's scripts (thebe is off; its inline config names a CDN).
+* Drops sphinx-thebe's scripts (its inline config names a CDN and thebe 0.8 from unpkg).
+* Adds ``_static/atlas-live.js`` to every chapter page: a "Go live" button that runs the
+  page's cells on the local Jupyter server of ``make serve``, with the book's own copy of
+  thebe (``vendor/thebe/``, fetched by ``vendor_js.py``).
 * Checks that the npm-vendored JavaScript (MathJax, require.js, widget manager) is in
   ``book/_static/vendor/`` before building, with a message saying how to fetch it.
 """
@@ -22,8 +25,17 @@ from sphinx.errors import ExtensionError
 
 HEADLESS_ENV = "ATTENTION_ATLAS_HEADLESS"
 PLOTLY_JS = "vendor/plotly.min.js"
+LIVE_JS = "atlas-live.js"
+#: pages that get the "Go live" button: the chapters
+CHAPTER_PAGES = "notebooks/"
 #: required files under book/_static/vendor (kept in step with vendor_js.REQUIRED)
-VENDORED = ["require.js", "html-manager/embed-amd.js", "mathjax/tex-mml-chtml.js"]
+VENDORED = [
+    "require.js",
+    "html-manager/embed-amd.js",
+    "mathjax/tex-mml-chtml.js",
+    "thebe/index.js",
+    "thebe/thebe.css",
+]
 
 
 def _plotly_js_source() -> Path:
@@ -55,6 +67,13 @@ def _add_plotly(
         app.add_js_file(PLOTLY_JS, priority=300)  # before require.js (500): plotly stays global
 
 
+def _add_live(
+    app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
+) -> None:
+    if pagename.startswith(CHAPTER_PAGES):
+        app.add_js_file(LIVE_JS, priority=800)
+
+
 def _drop_thebe(
     app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
 ) -> None:
@@ -81,6 +100,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     os.environ[HEADLESS_ENV] = "1"
     app.connect("builder-inited", _check_vendored)
     app.connect("html-page-context", _add_plotly)
+    app.connect("html-page-context", _add_live)
     app.connect("html-page-context", _drop_thebe, priority=900)
     app.connect("build-finished", _copy_plotly)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

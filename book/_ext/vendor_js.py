@@ -1,7 +1,8 @@
 """Fetch the book's JavaScript from the npm registry into ``book/_static/vendor/`` (git-ignored).
 
-The built book must work offline and reference no CDN, so MathJax, require.js and the Jupyter
-widget HTML manager are served from the book's own static files. Each package is fetched with
+The built book must work offline and reference no CDN, so MathJax, require.js, the Jupyter
+widget HTML manager and thebe (the "Go live" button of ``make serve``: the page's cells run on
+a local Jupyter server) are served from the book's own static files. Each package is fetched with
 ``npm pack <name>@<exact version>``, its tarball checked against the sha256 pinned below, and
 only the files the book needs are extracted. plotly.js is not fetched: the book's Sphinx
 extension (``atlas_book.py``) copies it from the installed ``plotly`` package, so the JS always
@@ -44,13 +45,28 @@ PACKAGES: dict[str, tuple[str, dict[str, str]]] = {
         "1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09",
         {"package/es5/": "mathjax/", "package/LICENSE": "LICENSE.mathjax"},
     ),
+    # thebe bundles CodeMirror, JupyterLab's output area and the ipywidgets controls; its
+    # stylesheet (thebe.css) styles the widgets. The two things it would fetch from a CDN,
+    # require.js and MathJax 2, are sent to the book's own copies by book/_static/atlas-live.js.
+    "thebe@0.9.3": (
+        "4777b3f0c5dcee04b3e5a99fd918a9cf7cb91c3208159af2f1fb54b3c27d0899",
+        {"package/lib/": "thebe/", "package/package.json": "thebe/package.json"},
+    ),
 }
 
-#: files inside copied folders that the book does not use (other bundles of the same code)
+#: files inside copied folders that the book does not use (other bundles of the same code,
+#: TypeScript declarations)
 SKIP = {"package/dist/embed.js", "package/dist/libembed-amd.js"}
+SKIP_FOLDERS = ("package/lib/types/",)
 
 #: files the book's configuration points at; all must exist after vendoring
-REQUIRED = ["require.js", "html-manager/embed-amd.js", "mathjax/tex-mml-chtml.js"]
+REQUIRED = [
+    "require.js",
+    "html-manager/embed-amd.js",
+    "mathjax/tex-mml-chtml.js",
+    "thebe/index.js",
+    "thebe/thebe.css",
+]
 
 
 def _sha256(path: Path) -> str:
@@ -90,6 +106,7 @@ def _extract(tarball: Path, mapping: dict[str, str]) -> None:
                     and m.name.startswith(src)
                     and not m.name.endswith(".map")
                     and m.name not in SKIP
+                    and not m.name.startswith(SKIP_FOLDERS)
                 ]
                 if not chosen:
                     raise SystemExit(f"vendor_js: {tarball.name} has no folder {src}")

@@ -14,6 +14,8 @@ Commands:
           [--backend local|dask] [--workers N] [--address HOST:PORT]        (local pool or Dask)
     results list | show EXPERIMENT PRESET | verify [--sample N]         the stored results
     data {where,verify,fetch}                                           the data files
+    lab [CHAPTER] [--smoke] [--port P] [--token T]                      JupyterLab, widgets live
+    serve [--port P] [--jupyter-port P] [--smoke]                       the book, live on a kernel
 
 Errors: bad input (an unknown name, a value out of range, a missing data file, a malformed
 config file) prints one line ``error: ...`` naming what was expected and what came, and exits
@@ -40,6 +42,8 @@ COMMANDS: dict[str, str] = {
     "sweep": "attention_atlas.sweep",
     "results": "attention_atlas.results",
     "data": "attention_atlas.data.cli",
+    "lab": "attention_atlas.lab",  # registers lab and serve
+    "serve": "attention_atlas.lab",
 }
 
 #: exit status of bad input (as argparse uses), and of any other failure
@@ -67,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show the traceback of an error (anywhere on the line)"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS.values():
+    for module in dict.fromkeys(COMMANDS.values()):  # a module registers all its commands once
         importlib.import_module(module).add_subcommand(subparsers)
     return parser
 

@@ -14,8 +14,12 @@ Headless executions (papermill through :mod:`attention_atlas.notebooks`, ``make 
 tests) set ``ATTENTION_ATLAS_HEADLESS=1``; :func:`is_interactive` is then False and chapters
 show static figures (plotly sliders or dropdowns over precomputed sweeps) instead of ipywidgets.
 
-Other helpers: :func:`heatmap`, :func:`heatmap_grid`, :func:`add_selector` (slider or dropdown
-over groups of traces), :func:`line_band` (mean and 95 % interval over seeds, from
+Explorations (:mod:`attention_atlas.explore`, re-exported here): :func:`explore` shows one
+function of named controls (:func:`slider`, :func:`dropdown`, :func:`text`) as live ipywidgets
+in JupyterLab and as a plotly slider or dropdown over a precomputed grid in the book;
+:func:`add_selector` is its static half (a selector over groups of traces).
+
+Other helpers: :func:`heatmap`, :func:`heatmap_grid`, :func:`line_band` (mean and 95 % interval over seeds, from
 :func:`attention_atlas.stats.interval`), :func:`loglog` and :func:`loglog_slope`, :func:`markdown` (prose with numbers from the run).
 """
 
@@ -34,13 +38,19 @@ import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 from plotly.subplots import make_subplots
 
+from .explore import Control, Exploration, dropdown, explore, slider, text
+from .selectors import EXPLORE_JS, add_selector
 from .stats import interval
 
 __all__ = [
     "COLORS",
     "PLOTLY_CONFIG",
     "AtlasRenderer",
+    "Control",
+    "Exploration",
     "add_selector",
+    "dropdown",
+    "explore",
     "figure_html",
     "heatmap",
     "heatmap_grid",
@@ -49,7 +59,10 @@ __all__ = [
     "loglog",
     "loglog_slope",
     "markdown",
+    "mean_interval",
     "show",
+    "slider",
+    "text",
 ]
 
 HEADLESS_ENV = "ATTENTION_ATLAS_HEADLESS"  # same name as attention_atlas.notebooks.HEADLESS_ENV
@@ -108,21 +121,32 @@ def _fig_dict(fig: Any) -> dict[str, Any]:
 
 def figure_html(fig: Any, *, div_id: str | None = None) -> str:
     """HTML for the static book: a ``<div>`` plus a script that calls ``Plotly.newPlot`` on the
-    page's global ``Plotly`` (loaded by the page; drawn on ``load`` if it is not there yet)."""
+    page's global ``Plotly`` (loaded by the page; drawn on ``load`` if it is not there yet).
+
+    The figure of an exploration (:func:`explore`) gets the class ``atlas-explore-static``; one
+    with several sliders also gets :data:`EXPLORE_JS`, which shows the grid point they select."""
     d = _fig_dict(fig)
     div_id = div_id or f"atlas-{uuid.uuid4().hex[:12]}"
     height = d.get("layout", {}).get("height") or DEFAULT_HEIGHT
     payload = json.dumps(
         {"data": d.get("data", []), "layout": d.get("layout", {}), "config": PLOTLY_CONFIG}
     ).replace("</", "<\\/")
+    meta = d.get("layout", {}).get("meta")
+    ex = meta.get("atlas_explore") if isinstance(meta, dict) else None
+    classes = "plotly-graph-div atlas-figure"
+    then = ""
+    if isinstance(ex, dict):
+        classes += " atlas-explore-static" + (" atlas-main" if ex.get("main") else "")
+        if ex.get("groups"):
+            then = f".then({EXPLORE_JS})"
     return (
-        f'<div id="{div_id}" class="plotly-graph-div atlas-figure" '
+        f'<div id="{div_id}" class="{classes}" '
         f'style="height:{int(height)}px; width:100%;"></div>\n'
         '<script type="text/javascript">\n'
         "(function () {\n"
         f"  var fig = {payload};\n"
         f'  var draw = function () {{ window.Plotly.newPlot("{div_id}", fig.data, fig.layout, '
-        "fig.config); };\n"
+        f"fig.config){then}; }};\n"
         "  if (window.Plotly) { draw(); } else { window.addEventListener('load', draw); }\n"
         "})();\n"
         "</script>"
@@ -257,85 +281,6 @@ def heatmap_grid(
         )
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title, height=height or max(DEFAULT_HEIGHT, 300 * rows))
-    return fig
-
-
-def add_selector(
-    fig: go.Figure,
-    labels: Sequence[str],
-    groups: Sequence[Sequence[int]],
-    *,
-    kind: str = "slider",
-    prefix: str = "",
-    active: int = 0,
-    titles: Sequence[str] | None = None,
-) -> go.Figure:
-    """Show one group of traces at a time, chosen by a plotly slider or dropdown.
-
-    A static stand-in for a widget: precompute every setting, add all traces to ``fig``, then
-    say which trace indices belong to which label.
-
-    Args:
-        labels: one label per group (slider step or dropdown entry).
-        groups: trace indices (into ``fig.data``) shown for each label; traces in no group
-            stay visible always.
-        kind: ``"slider"`` or ``"dropdown"``.
-        titles: optional figure title per label.
-    """
-    if len(labels) != len(groups):
-        raise ValueError(f"{len(labels)} labels for {len(groups)} groups")
-    if kind not in ("slider", "dropdown"):
-        raise ValueError(f"kind must be 'slider' or 'dropdown', got {kind!r}")
-    grouped = {i for g in groups for i in g}
-    n = len(fig.data)
-    bad = sorted(i for i in grouped if not 0 <= i < n)
-    if bad:
-        raise ValueError(f"trace indices {bad} out of range for a figure with {n} traces")
-
-    def visible(k: int) -> list[bool]:
-        return [(i not in grouped) or (i in groups[k]) for i in range(n)]
-
-    def args(k: int) -> list[dict[str, Any]]:
-        a: list[dict[str, Any]] = [{"visible": visible(k)}]
-        if titles is not None:
-            a.append({"title": {"text": titles[k]}})
-        return a
-
-    for i, v in enumerate(visible(active)):
-        fig.data[i].visible = v
-    method = "update"
-    if kind == "slider":
-        steps = [
-            {"label": str(lab), "method": method, "args": args(k)} for k, lab in enumerate(labels)
-        ]
-        fig.update_layout(
-            sliders=[
-                {
-                    "active": active,
-                    "currentvalue": {"prefix": prefix},
-                    "steps": steps,
-                    "pad": {"t": 40},
-                }
-            ]
-        )
-    else:
-        buttons = [
-            {"label": str(lab), "method": method, "args": args(k)} for k, lab in enumerate(labels)
-        ]
-        fig.update_layout(
-            updatemenus=[
-                {
-                    "active": active,
-                    "buttons": buttons,
-                    "x": 1.0,
-                    "xanchor": "right",
-                    "y": 1.1,
-                    "yanchor": "bottom",
-                }
-            ]
-        )
-    if titles is not None:
-        fig.update_layout(title=titles[active])
     return fig
 
 

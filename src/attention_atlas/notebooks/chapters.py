@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..validate import InputError
+
+#: the two lines of the JupyterLab SMOKE switch that may follow ``SMOKE = {...}``
+_SMOKE_SWITCH = re.compile(
+    r"^(from attention_atlas\.lab import apply_smoke|apply_smoke\(SMOKE, globals\(\)\))[ \t]*(#.*)?$",
+    re.M,
+)
 
 __all__ = [
     "ParameterError",
@@ -137,7 +144,9 @@ def chapter_smoke(path: Path, nb: Any = None) -> dict[str, Any]:
         raise ParameterError(
             f"{path.name}: expected exactly one cell tagged 'smoke', found {len(cells)}"
         )
-    values = _literal_assignments(cells[0][1].source, f"{path.name} smoke cell")
+    # the lab switch (attention_atlas.lab.apply_smoke) may follow SMOKE; blanked, lines kept
+    source = _SMOKE_SWITCH.sub("", cells[0][1].source)
+    values = _literal_assignments(source, f"{path.name} smoke cell")
     if set(values) != {"SMOKE"} or not isinstance(values["SMOKE"], dict):
         raise ParameterError(
             f"{path.name} smoke cell: expected exactly `SMOKE = {{name: literal, ...}}`, "
