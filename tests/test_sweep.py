@@ -266,7 +266,10 @@ def test_the_local_pool_equals_this_process_and_retries_a_cell_whose_worker_died
     pooled = run_sweep(cells, sweep_cells.die_once_cell, tmp_path / "pool", workers=2, log=None)
     pd.testing.assert_frame_equal(_metrics(here), _metrics(pooled))
     started = sweep_cells.starts(tmp_path)
-    assert len(started[(8, 0)]) == 2 and len(started[(8, 1)]) == 2  # each died once, then ran
+    # each dim-8 cell died once, then ran; a cell may also be started again because the other
+    # worker's death broke the pool it ran in (the whole pool restarts), so "at least twice"
+    assert len(started[(8, 0)]) >= 2 and len(started[(8, 1)]) >= 2
+    assert len(list((tmp_path / "pool" / "cells").glob("*.json"))) == len(cells)
     for c in cells:
         a = json.loads((tmp_path / "here" / "cells" / f"{cell_key(c)}.json").read_text())
         b = json.loads((tmp_path / "pool" / "cells" / f"{cell_key(c)}.json").read_text())
