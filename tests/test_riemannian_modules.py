@@ -136,3 +136,23 @@ def test_riemannian_attention_rejects_bad_options():
         build_attention("fiber_bundle", dim=8, n_heads=2, method="fastest")
     with pytest.raises(ValueError, match="kind must be 'linear' or 'cayley'"):
         build_attention("riemannian", dim=8, n_heads=2, transport_rank=1, transport_kind="exp")
+
+
+def test_perturbation_entry_scale_bounds_every_score_change_and_is_attained_in_its_factors() -> (
+    None
+):
+    """|S_riem - S_euc|_ij <= U-bar^2 M / tau entrywise (Proposition 3.5), with U-bar^2 and M the
+    explicit maxima."""
+    from attention_atlas.attention.riemannian import geodesic_scores
+    from attention_atlas.attention.riemannian.diagnostics import perturbation_entry_scale
+
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 7, 5, generator=g, dtype=torch.float64).unbind(0)
+    U = torch.randn(7, 5, 2, generator=g, dtype=torch.float64)
+    tau = 1.7
+    scale = perturbation_entry_scale(q, k, U, tau)
+    ubar2 = max(float((U[t] ** 2).sum()) for t in range(7))
+    M = max(float(((q[i] - k[j]) ** 2).sum()) for i in range(7) for j in range(7))
+    assert float(scale) == pytest.approx(ubar2 * M / tau, rel=1e-14)
+    dS = geodesic_scores(q, k, U, tau) - geodesic_scores(q, k, torch.zeros_like(U), tau)
+    assert float(dS.abs().max()) <= float(scale) * (1 + 1e-12)

@@ -24,6 +24,7 @@ __all__ = [
     "isometry_errors",
     "kappa_statistics",
     "metric_statistics",
+    "perturbation_entry_scale",
 ]
 
 
@@ -37,6 +38,28 @@ def metric_statistics(U: Tensor) -> dict[str, Tensor]:
         "metric_kappa_var": kappa.var(-1, unbiased=False).mean(),
         "metric_kappa_max": kappa.amax(),
     }
+
+
+def perturbation_entry_scale(q: Tensor, k: Tensor, U: Tensor, tau: float) -> Tensor:
+    """``U-bar^2 M / tau``: the largest change the metric can make to one score entry
+    (Proposition 3.5: ``|Delta S_ij| <= U-bar^2 M / tau`` with ``U-bar^2 = max_t ||U_t||_F^2`` and
+    ``M = max_ij ||q_i - k_j||^2``, each per sequence and head). Eq. (12)'s Frobenius bound is
+    ``L`` times it. The axis of prediction P1 in chapters 2 and 4: the spectrum of ``A`` can move
+    only once this is of order one.
+
+    ``q, k (..., L, d)``, ``U (..., L, d, r)`` -> ``(...)``.
+    """
+    if q.shape != k.shape or U.shape[:-1] != q.shape:
+        raise ValueError(
+            f"expected q, k (..., L, d) and U (..., L, d, r) of one (..., L, d), got q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, U {tuple(U.shape)}"
+        )
+    if not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"tau must be a positive finite number, got {tau!r}")
+    ubar2 = metric_strength(U).amax(-1)  # (...)
+    diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # (..., L, L, d)
+    M = diff.pow(2).sum(-1).flatten(-2).amax(-1)  # (...)
+    return ubar2 * M / tau
 
 
 def kappa_statistics(U: Tensor) -> dict[str, float]:
