@@ -1,0 +1,167 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10. Verdicts
+#
+# Four documents seeded this book: a paper on Riemannian attention and the Fiber Bundle
+# Transformer {cite}`song2026riemannian`, a research card on matroidal Mahalanobis attention,
+# a card on cofactor-stable attention {cite}`cofactor2026stable`, and a note deriving state-space
+# models as structured masked attention {cite}`paltorp2025structuredmaskedattention`. Each makes claims: theorems,
+# identities, costs, conjectures, predictions about training. The chapters test them; this
+# chapter gathers every claim and what the book found, from the library's claims register
+# (`attention_atlas.claims`), so no verdict on this page is typed by hand.
+#
+# **The rule.** A mathematical claim (an identity, a bound, a cost count) is decided by a
+# float64 check that runs when this page is built: *supported* if it holds, *contradicted* if
+# it fails. An empirical claim is decided by one rule (`attention_atlas.stats.verdict`): the
+# chapter declares, before reading the results, the smallest effect it would care about; the
+# effect is measured against a control, over at least three seeds, with a 95% interval.
+# The claim is *supported* when the interval excludes zero on the predicted side and reaches
+# the smallest effect of interest, *contradicted* when the interval rules out an effect that
+# large in the predicted direction, and *not resolved* otherwise (with the smallest effect the
+# runs could have detected). A claim is *not tested* when the book could not test it, with the
+# reason; in particular, a training verdict states its scale (steps, tokens, the dot-product
+# baseline at the same budget), and models that have not left the bigram regime (a
+# dot-product baseline above 3 bits per character) cannot support or contradict anything.
+# Absence of a difference is never a "holds".
+
+# %% tags=["parameters"]
+smoke_checks = False  # toy sizes for the computed checks (the tests' smoke run)
+min_claims = 30  # the register must hold at least this many claims
+
+# %% tags=["smoke"]
+SMOKE = {"smoke_checks": True}
+from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+
+apply_smoke(SMOKE, globals())
+
+# %%
+import plotly.graph_objects as go
+from IPython.display import display
+
+from attention_atlas import claims, viz
+from attention_atlas.notebooks import chapters, repo_root
+from attention_atlas.stats import OUTCOMES
+
+register = claims.register(smoke=smoke_checks)
+chapter_stems = {p.stem for p in chapters(repo_root() / "notebooks")}
+assert len(register) >= min_claims, f"only {len(register)} claims in the register"
+assert set(register["seed"]) == set(claims.SEEDS), "every seed must have claims"
+assert register["outcome"].isin(OUTCOMES).all()
+assert register["chapter"].isin(chapter_stems).all(), "a claim names a chapter that does not exist"
+assert register["key"].is_unique
+counts = register.groupby(["seed", "outcome"]).size().unstack(fill_value=0)
+counts = counts.reindex(columns=list(OUTCOMES), fill_value=0)
+viz.markdown(
+    f"The register holds **{len(register)} claims** from {len(claims.SEEDS)} seeds: "
+    + ", ".join(f"{int(counts[o].sum())} {o}" for o in OUTCOMES)
+    + "."
+)
+
+# %% [markdown]
+# ## Outcomes by seed
+#
+# Each bar counts the claims of one seed by outcome. The tables below give every claim: its
+# place in the seed, what it states (in our words), the outcome with the evidence behind it,
+# the scale of a training verdict, and the chapter and section where the book tests it.
+
+# %%
+COLORS = dict(zip(OUTCOMES, ("#009E73", "#D55E00", "#E69F00", "#999999"), strict=True))
+fig = go.Figure()
+for outcome in OUTCOMES:
+    fig.add_trace(go.Bar(x=[claims.SEEDS[s][0] for s in counts.index], y=counts[outcome],
+                         name=outcome, marker_color=COLORS[outcome]))  # fmt: skip
+fig.update_layout(barmode="stack", title="Claims of each seed by outcome", yaxis_title="claims")
+viz.show(fig)
+
+
+# %%
+def cell(text: object) -> str:
+    """Text for one cell of a Markdown table (pipes escaped, one line)."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def tested_in(chapter: str, section: str) -> str:
+    number = int(chapter.split("_", 1)[0])
+    return f"{{doc}}`chapter {number} <{chapter}>`, *{cell(section)}*"
+
+
+for seed, (title, source) in claims.SEEDS.items():
+    lines = [f"**{title}** ({source})", "", "| claim | source | outcome | evidence | tested in |"]
+    lines.append("|---|---|---|---|---|")
+    for r in register[register["seed"] == seed].itertuples():
+        scale = f" *Scale: {cell(r.scale)}.*" if isinstance(r.scale, str) and r.scale else ""
+        lines.append(
+            f"| {cell(r.statement)} | {cell(r.source)} | **{r.outcome}** | {cell(r.summary)}."
+            f"{scale} | {tested_in(r.chapter, r.section)} |"
+        )
+    viz.markdown("\n".join(lines))
+
+# %% [markdown]
+# ## Explore the register
+#
+# Pick a seed and an outcome; the table lists the matching claims with their evidence. In
+# JupyterLab the same control filters the register live.
+
+
+# %%
+def claims_table(seed: str, outcome: str) -> go.Figure:
+    """The claims of ``seed`` (or all) with ``outcome`` (or all), as a table figure."""
+    rows = register
+    if seed != "all":
+        rows = rows[rows["seed"] == seed]
+    if outcome != "all":
+        rows = rows[rows["outcome"] == outcome]
+    cells = [rows["key"], rows["outcome"], rows["summary"], rows["chapter"]]
+    table = go.Table(
+        header={"values": ["claim", "outcome", "evidence", "chapter"]},
+        cells={"values": [list(c) for c in cells], "align": "left"},
+        columnwidth=[2, 1, 6, 2],
+    )
+    return go.Figure(table, layout={"title": f"{len(rows)} claim(s): seed {seed}, {outcome}"})
+
+
+viz.explore(
+    claims_table,
+    {
+        "seed": viz.dropdown(["all", *claims.SEEDS]),
+        "outcome": viz.dropdown(["all", *OUTCOMES]),
+    },
+    main=True,
+)
+
+# %% [markdown]
+# ## What is known, what is contradicted, what is open
+
+
+# %%
+def listing(outcome: str) -> str:
+    rows = register[register["outcome"] == outcome]
+    if rows.empty:
+        return "none."
+    return "; ".join(f"{r.key} ({r.source})" for r in rows.itertuples()) + "."
+
+
+supported, contradicted = (register["outcome"] == o for o in ("supported", "contradicted"))
+open_ = register["outcome"].isin(["not resolved", "not tested"])
+kinds = register[supported]["kind"].value_counts()
+viz.markdown(
+    f"**Known.** {int(supported.sum())} claims hold up, "
+    + ", ".join(f"{n} of kind {k}" for k, n in kinds.items())
+    + f": {listing('supported')}\n\n"
+    f"**Contradicted.** {int(contradicted.sum())} claims fail their test: "
+    f"{listing('contradicted')}\n\n"
+    f"**Open.** {int(open_.sum())} claims are not decided: "
+    f"{int((register['outcome'] == 'not resolved').sum())} not resolved by the runs at their "
+    f"scale ({listing('not resolved')}) and "
+    f"{int((register['outcome'] == 'not tested').sum())} not tested ({listing('not tested')})"
+)
+display(register[["key", "kind", "outcome", "effect", "sesoi", "scale", "evidence"]])
