@@ -102,7 +102,7 @@ def test_the_generator_outcome_is_exact_and_linear_and_reports_the_float32_overf
     check = check_generators(g, sma.data["Bn"], sma.data["Cn"], (25, 100, 150, 400))
     assert check.outcome.outcome == "supported"
     assert check.data["first_failure"] == {"float32": 150, "float64": None}
-    assert "from T = 150 in float32" in check.outcome.summary
+    assert "in float32 from T = 150" in check.outcome.summary
 
 
 def test_the_ssd_linear_check_fails_when_the_chunked_flops_grow_quadratically(monkeypatch) -> None:

@@ -279,8 +279,8 @@ def check_generators(
     ssd_worst = float(table[table.method != "generators"].rel_err.max())
     where = (
         f"in floating point the generators overflow (decays a ~ U(0.4, 0.6), lengths up to "
-        f"{max(overflow_lengths)}): the product fails from {_at(bad32)} in float32 and from "
-        f"{_at(bad64)} in float64, while log-space SSD stays within {ssd_worst:.1e}"
+        f"{max(overflow_lengths)}): the product fails in float32 from {_at(bad32)} and in "
+        f"float64 from {_at(bad64)}, while log-space SSD stays within {ssd_worst:.1e}"
     )
     outcome = outcome_from_check(
         err < TOL and _linear(growth),
@@ -295,7 +295,7 @@ def check_generators(
 
 
 def _at(T: int | None) -> str:
-    return "no length tried" if T is None else f"T = {T}"
+    return "no length tried (it holds at all of them)" if T is None else f"T = {T}"
 
 
 def _scalar_ssm_inputs(n: int) -> Callable[[int], tuple[Tensor, ...]]:

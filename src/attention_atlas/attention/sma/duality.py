@@ -338,6 +338,13 @@ def ssd(
 
     Returns:
         ``y`` shaped like ``x``, or ``(y, final_state)``.
+
+    Raises:
+        TypeError: an argument is not a tensor. ValueError (one line naming the argument, what
+        came and what was expected): a wrong rank, a length, head count or state size that does
+        not match ``x``, an empty sequence (``length == 0``), heads or dimension, an integer
+        dtype, dtypes or devices that differ, an unknown ``method``, a ``chunk_size`` or
+        ``block_len`` that is not a positive int.
     """
     _check_ssd(x, log_a, B, C, initial_state)
     if method not in SSD_METHODS:
