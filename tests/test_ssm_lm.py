@@ -78,3 +78,14 @@ def test_a_smoke_cell_trains_through_the_harness(variant: str) -> None:
     assert out["history"]["step"][-1] == 3 and out["tokens"] == 3 * params["batch"] * L
     assert len(out["decay_rates"]) == (params["heads"] if variant == "ssm" else 0)
     assert out["row_stochastic"] == (0.0 if variant == "ssm" else 1.0)
+
+
+def test_step_cost_reports_ratios_and_counted_work_of_both_models() -> None:
+    shape = {"dim": 16, "layers": 1, "heads": 2, "batch": 2, "seq_len": 16, "chunk_size": 8}
+    cost = exp.step_cost(reps=1, **shape)
+    assert cost["shape"] == shape and cost["reps"] == 1
+    for key in ("ratio", "cpu_ratio", "forward_ratio"):
+        assert math.isfinite(cost[key]) and cost[key] > 0, key
+    assert cost["flop_ratio"] == cost["flops"]["ssm"] / cost["flops"]["dot"]
+    again = exp.step_cost(reps=1, **shape)  # counted work is exact: the same every time
+    assert again["flops"] == cost["flops"] and again["elements"] == cost["elements"]

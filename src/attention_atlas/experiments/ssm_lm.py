@@ -44,6 +44,7 @@ from ..data import TextCorpus, load_char_ptb
 from ..models import ModelConfig, attention_modules
 from ..stats import Interval, mean_interval, paired_difference, verdict
 from ..train import TrainConfig, evaluate, seed_everything, train
+from .sma_checks import count_elements
 
 __all__ = [
     "CONTROL",
@@ -222,11 +223,13 @@ def step_cost(
     Returns ``{"shape", "ratio" (median ssm / dot time, forward+backward), "ratio_q25",
     "ratio_q75", "forward_ratio", "ms" {variant: forward+backward ms}, "cpu_ratio" (and
     quartiles: the same ratio in this thread's CPU time, which other processes sharing the
-    cores do not inflate), "flops" {variant: ...}, "flop_ratio", "threads", "reps"}``.
+    cores do not inflate), "flops" {variant: ...}, "flop_ratio", "elements" {variant: elements
+    written by every tensor operation of a step, :func:`.sma_checks.count_elements`},
+    "element_ratio", "threads", "reps"}``.
     """
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, seq_len + 1), generator=g)
-    fns, flops = {}, {}
+    fns, flops, elements = {}, {}, {}
     for variant, opts in (("dot", {}), ("ssm", {"chunk_size": chunk_size})):
         torch.manual_seed(seed)
         model = ModelConfig(dim=dim, n_layers=layers, n_heads=heads, attention=variant,
@@ -238,6 +241,7 @@ def step_cost(
 
         loss.bench_params = list(model.parameters())  # type: ignore[attr-defined]
         fns[variant], flops[variant] = loss, count_flops(loss, backward=True)
+        elements[variant] = count_elements(lambda f=loss: f().backward())
     res = compare(fns, "dot", reps=reps, memory=False)
     fb = {v: r["forward_backward"] for v, r in res["results"].items()}
     cpu = _thread_time_ratios(fns["ssm"], fns["dot"], reps)
@@ -251,6 +255,7 @@ def step_cost(
         "cpu_ratio": statistics.median(cpu), "cpu_ratio_q25": _quantile(cpu, 0.25),
         "cpu_ratio_q75": _quantile(cpu, 0.75),
         "flops": flops, "flop_ratio": flops["ssm"] / flops["dot"],
+        "elements": elements, "element_ratio": elements["ssm"] / elements["dot"],
         "threads": res["threads"], "reps": reps, "time": res["time"],
     }  # fmt: skip
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._checks import check_arg, check_same, shape_of
 
@@ -196,6 +197,7 @@ class _MaskedScoresT(torch.autograd.Function):
         return scores_t * L
 
     @staticmethod
+    @once_differentiable  # a second derivative through it raises instead of being wrong
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
         scores_t, L = ctx.saved_tensors
         d_scores = grad * L
