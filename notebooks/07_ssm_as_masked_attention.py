@@ -352,14 +352,11 @@ def chunks_and_methods(decay: float, chunk: int) -> go.Figure:
     return fig.update_layout(title=title, height=430, xaxis2_title="t")
 
 
-viz.explore(
-    chunks_and_methods,
-    {
-        "decay": viz.slider(explore_decays, live_range=(0.01, 3.0), log=True, label="-log a"),
-        "chunk": viz.slider(explore_chunks, live_range=(1, mask_T), label="chunk Q"),
-    },
-    main=True,
-)
+controls = {
+    "decay": viz.slider(explore_decays, live_range=(0.01, 3.0), log=True, label="-log a"),
+    "chunk": viz.slider(explore_chunks, live_range=(1, mask_T), label="chunk Q"),
+}
+viz.explore(chunks_and_methods, controls, main=True)
 
 # %% [markdown]
 # ## 6. Time and memory against sequence length
@@ -386,7 +383,7 @@ scaling_params = {
     "memory_gb": bench_memory_gb,
 }  # fmt: skip
 scaling_grid = results.stored_or_run(
-    "ssd-scaling", params=scaling_params, seeds=[0], use_stored=use_stored
+    "ssd-scaling", params=scaling_params, seeds=[0], use_stored=use_stored, log=None
 )
 sweep_rows = scaling_grid.records[("sweep", 0)]["rows"]
 sweep_df = ssd_scaling.sweep_table(sweep_rows)
@@ -523,7 +520,7 @@ lm_params = {
     "layers": train_layers, "heads": train_heads, "lr": train_lr, "eval_batches": eval_batches,
     "chunk_size": chunk_size,
 }  # fmt: skip
-lm = results.stored_or_run("ssm-lm", params=lm_params, seeds=seeds, use_stored=use_stored)
+lm = results.stored_or_run("ssm-lm", params=lm_params, seeds=seeds, use_stored=use_stored, log=None)
 print(lm.provenance.text)
 lm_seeds = sorted({s for _, s in lm.records})  # a stored long grid brings its own seeds ...
 run_params = lm.records[("dot", lm_seeds[0])]["params"]  # ... and its own run settings
