@@ -1,28 +1,34 @@
-"""SSD (Mamba-2 state-space dual): chunked against the quadratic masked-attention form, in one run.
+"""SSD (Mamba-2 state-space dual) and the ``"ssm"`` attention: every benchmark part in one run.
 
-Shapes from issue 8: batch 1, 8 heads, head dim 64, state 64, float32, forward pass. The parts
-are those of the experiment :mod:`attention_atlas.experiments.ssd_scaling` (its ``"long"``
-preset; chapter 7 runs its ``"sweep"`` and ``"flops"`` at the book's caps):
+Shapes: batch 1, 8 heads, head dim 64, state 64, float32, forward pass, where the quadratic
+form's L^2 cost dominates and the chunked form's linear cost shows. The parts are those of the
+experiment :mod:`attention_atlas.experiments.ssd_scaling` (its ``"long"`` preset; chapter 7 loads
+its ``"sweep"`` and ``"flops"`` from the results store), plus the training step:
 
-1. ``ratio``: chunked against quadratic at L = 4096 and 16384 (goals: >= 80x and >= 300x),
-   interleaved; where the quadratic form's ``(batch, heads, L, L)`` tensors exceed
-   ``--memory-budget-gb`` one head is timed and multiplied by the number of heads (the JSON
-   says so); where even one head does not fit it is skipped.
-2. ``linearity``: chunked at L = 2048 ... 16384, interleaved; time / L against L = 2048
-   (goal: within 10 %).
+1. ``ratio``: chunked against quadratic at L = 1024, 4096 and 16384, interleaved; where the
+   quadratic form's ``(batch, heads, L, L)`` tensors exceed ``--memory-budget-gb`` one head is
+   timed and multiplied by the number of heads (the JSON says so); where even one head does not
+   fit it is skipped. The ratio should grow about as L / (2 Q) (quadratic ``L^2 (n + p)`` FLOPs
+   against chunked ``L Q (n + p) + 2 L n p``).
+2. ``linearity``: chunked at L = 2048 ... 16384, interleaved; time / L against L = 2048 (a
+   linear algorithm keeps it near 1 once the working set is bounded by ``block_len``).
 3. ``accuracy``: float32 chunked against float64 quadratic (head by head) at L = 4096 with
-   strong and weak decay (goal: relative error <= 1e-4).
+   strong and weak decay (float32 rounding is about 1e-7 per operation).
 4. ``sweep``: time and peak memory (forward) of recurrent, quadratic, chunked SSD and causal
    dot-product SDPA against L; a method is skipped at an L whose predicted time exceeds
    ``--max-seconds`` or whose predicted memory exceeds the budget.
 5. ``flops``: matrix-product FLOPs of chunked and quadratic SSD against L (counted).
+6. ``train``: one training step (forward and backward of the loss) of the ``"ssm"`` model
+   against the ``"dot"`` model at chapter 4's shape (width 64, 2 layers, 4 heads, batches of
+   8 x 64 characters), side by side in wall and CPU time, with counted FLOPs
+   (:func:`attention_atlas.experiments.ssm_lm.step_cost`).
 
 Run (about 10 to 20 minutes on 2 shared CPU cores)::
 
     python benchmarks/bench_ssd.py --out artifacts/bench/ssd.json
 
-``--small`` runs every part at tiny sizes (seconds). Chapter 7 shows the JSON when it exists.
-The same parts, one resumable cell each: ``python -m attention_atlas sweep ssd-scaling
+``--small`` runs every part at tiny sizes (seconds). The first five parts, one resumable cell
+each, stored where chapter 7 finds them: ``python -m attention_atlas sweep ssd-scaling
 --preset long --seeds 0``.
 """
 
@@ -39,9 +45,9 @@ from typing import Any
 
 import torch
 
-from attention_atlas.experiments import ssd_scaling
+from attention_atlas.experiments import ssd_scaling, ssm_lm
 
-PARTS = ["ratio", "linearity", "accuracy", "sweep", "flops"]
+PARTS = ["ratio", "linearity", "accuracy", "sweep", "flops", "train"]
 
 
 def run(
@@ -67,7 +73,7 @@ def run(
         skip = ("parts", "reps", "ratio_reps")
         params.update({k: v for k, v in ssd_scaling.PRESETS["smoke"].items() if k not in skip})
         params["lengths"] = [64, 128, 256]
-    grid = ssd_scaling.chapter_grid(parts=args.parts, **params)
+    grid = ssd_scaling.chapter_grid(parts=[p for p in args.parts if p != "train"], **params)
     for part, params in grid.items():
         res = ssd_scaling.run_cell({**params, "verbose": True}, seed=0)
         if part == "sweep":
@@ -77,6 +83,13 @@ def run(
                 for b in ("quadratic", "sdpa", "recurrent")
             }
         out[part] = res if part in ("linearity", "flops") else res["rows"]
+        save(out)
+    if "train" in args.parts:
+        shape = (
+            {"dim": 16, "layers": 1, "heads": 2, "batch": 2, "seq_len": 32} if args.small else {}
+        )
+        out["train"] = ssm_lm.step_cost(reps=args.reps, **shape)
+        print(f"[train] ssm / dot step: {out['train']['cpu_ratio']:.2f}x CPU time", file=sys.stderr)
         save(out)
     return out
 
@@ -103,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     out = run(args, save=lambda partial: path.write_text(json.dumps(partial, indent=2)))
     path.write_text(json.dumps(out, indent=2))
-    print(json.dumps({k: out[k] for k in ("ratio", "linearity", "accuracy", "crossover") if k in out},
+    print(json.dumps({k: out[k] for k in ("ratio", "linearity", "accuracy", "crossover", "train")
+                      if k in out},
                      indent=1))  # fmt: skip
     print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from attention_atlas import build_attention
 from attention_atlas.attention.dot import explicit_attention, sdpa
 from attention_atlas.attention.registry import available_attention
+from attention_atlas.attention.sma import SSD_METHODS, ssd
 from attention_atlas.linalg import metric_inverse_apply
 
 torch.set_num_threads(1)  # tiny ops on a shared 2-core machine: threads only contend
@@ -195,3 +196,130 @@ def test_every_variant_names_x_and_its_shape_for_bad_input(variant, kind):
         attn(bad)
     if kind in ("rank", "width", "empty"):
         assert str(tuple(bad.shape)) in str(err.value)
+
+
+# -- structured masked attention and SSD (attention_atlas.attention.sma) -----------------------
+
+SSD_SIZES = st.fixed_dictionaries(
+    {"b": st.integers(1, 2), "L": st.integers(1, 9), "h": st.integers(1, 2),
+     "p": st.integers(1, 3), "n": st.integers(1, 3), "chunk": st.integers(1, 5)}
+)  # fmt: skip
+
+
+def ssd_args(s, dtype):
+    b, L, h, p, n = s["b"], s["L"], s["h"], s["p"], s["n"]
+    x = randn(b, L, h, p, dtype=dtype)
+    log_a = -torch.rand(b, L, h, dtype=dtype)
+    return x, log_a, randn(b, L, h, n, dtype=dtype), randn(b, L, h, n, dtype=dtype)
+
+
+@EXAMPLES
+@given(SSD_SIZES, FLOATS)
+def test_ssd_methods_agree_and_its_matrix_and_step_have_the_documented_shapes(s, dtype):
+    from attention_atlas.attention.sma import ssd_matrix, ssd_step
+
+    x, log_a, B, C = ssd_args(s, dtype)
+    y = {m: ssd(x, log_a, B, C, method=m, chunk_size=s["chunk"]) for m in SSD_METHODS}
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    for m, ym in y.items():
+        assert ym.shape == x.shape and ym.dtype == dtype, m
+        torch.testing.assert_close(ym, y["recurrent"], atol=tol, rtol=tol)
+    M = ssd_matrix(log_a, B, C)
+    assert M.shape == (s["b"], s["h"], s["L"], s["L"]) and M.dtype == dtype
+    state = torch.zeros(s["b"], s["h"], s["p"], s["n"], dtype=dtype)
+    y0, state = ssd_step(x[:, 0], log_a[:, 0], B[:, 0], C[:, 0], state)
+    assert y0.shape == x[:, 0].shape and state.shape == (s["b"], s["h"], s["p"], s["n"])
+
+
+@EXAMPLES
+@given(st.lists(st.integers(1, 3), max_size=2), st.integers(1, 6), st.integers(1, 3),
+       st.booleans(), FLOATS)  # fmt: skip
+def test_masked_attention_and_its_structured_forms_equal_the_dense_product(batch, n, p, vec, dtype):
+    from attention_atlas.attention.sma import (
+        Semiseparable,
+        low_rank_masked_product,
+        masked_attention,
+    )
+
+    U, V, Bm = randn(n, p, dtype=dtype), randn(n, p, dtype=dtype), randn(n, n, dtype=dtype)
+    x = randn(n, dtype=dtype) if vec else randn(n, 2, dtype=dtype)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    dense = (Bm * (U @ V.T)) @ x
+    for y in (masked_attention(U @ V.T, Bm, x), low_rank_masked_product(Bm, U, V, x)):
+        assert y.shape == x.shape and y.dtype == dtype
+        torch.testing.assert_close(y, dense, atol=tol, rtol=tol)
+    y = Semiseparable(U, V) @ x  # tril(U V^T) x
+    assert y.shape == x.shape and y.dtype == dtype
+    torch.testing.assert_close(y, torch.tril(U @ V.T) @ x, atol=tol, rtol=tol)
+    L, xb = randn(*batch, n, n, dtype=dtype), randn(*batch, n, dtype=dtype)
+    assert masked_attention(L, L, xb).shape == xb.shape
+
+
+BAD_SSD = st.sampled_from(["rank", "length", "empty", "int", "mixed dtype", "list", "state"])
+
+
+@EXAMPLES
+@given(SSD_SIZES, FLOATS, BAD_SSD, st.sampled_from(SSD_METHODS))
+def test_ssd_names_the_bad_argument_and_its_shape(s, dtype, kind, method):
+    x, log_a, B, C = ssd_args({**s, "L": s["L"] + 1}, dtype)  # L >= 2: a shorter length exists
+    kw: dict = {}
+    if kind == "rank":
+        x, name, shown = x[..., 0], "x", str(tuple(x[..., 0].shape))
+    elif kind == "length":
+        B, name, shown = B[:, :-1], "B", str(tuple(B[:, :-1].shape))
+    elif kind == "empty":
+        x, log_a, B, C = (t[:, :0] for t in (x, log_a, B, C))
+        name, shown = "x", str(tuple(x.shape))
+    elif kind == "int":
+        log_a, name, shown = log_a.long(), "log_a", "int64"
+    elif kind == "mixed dtype":
+        C = C.double() if dtype == torch.float32 else C.float()
+        name, shown = "C", str(C.dtype).replace("torch.", "")
+    elif kind == "list":
+        x, name, shown = x.tolist(), "x", "list"
+    else:
+        bad = torch.zeros(s["b"], s["h"], s["p"] + 1, s["n"], dtype=dtype)
+        kw, name, shown = {"initial_state": bad}, "initial_state", str(tuple(bad.shape))
+    with pytest.raises((TypeError, ValueError)) as err:
+        ssd(x, log_a, B, C, method=method, chunk_size=s["chunk"], **kw)
+    msg = str(err.value)
+    assert re.search(rf"\b{name}\b", msg) and shown in msg, msg
+
+
+MASKED_BAD = {  # kind -> the argument each function must name (None: not applicable)
+    "mask size": ("mask", None),
+    "x length": ("x", "x"),
+    "empty": ("mask", "U"),
+    "int": ("x", "x"),
+    "mixed dtype": ("scores", "scores"),
+    "V rank": (None, "V"),
+}
+
+
+@EXAMPLES
+@given(st.integers(2, 6), st.integers(1, 3), FLOATS, st.sampled_from(sorted(MASKED_BAD)))
+def test_masked_attention_api_names_the_bad_argument(n, p, dtype, kind):
+    from attention_atlas.attention.sma import low_rank_masked_product, masked_attention
+
+    U, V, Bm = randn(n, p, dtype=dtype), randn(n, p, dtype=dtype), randn(n, n, dtype=dtype)
+    x = randn(n, dtype=dtype)
+    L = U @ V.T
+    if kind == "mask size":
+        L = L[:-1, :-1]
+    elif kind == "x length":
+        x = x[:-1]
+    elif kind == "empty":
+        U, V, L, Bm, x = U[:0], V[:0], L[:0, :0], Bm[:0, :0], x[:0]
+    elif kind == "int":
+        x = x.long()
+    elif kind == "mixed dtype":
+        Bm = Bm.double() if dtype == torch.float32 else Bm.float()
+    else:
+        V = V[0]
+    calls = (lambda: masked_attention(L, Bm, x), lambda: low_rank_masked_product(Bm, U, V, x))
+    for call, name in zip(calls, MASKED_BAD[kind]):
+        if name is None:
+            continue
+        with pytest.raises((TypeError, ValueError)) as err:
+            call()
+        assert re.search(rf"\b{name}\b", str(err.value)), str(err.value)

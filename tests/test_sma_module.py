@@ -126,7 +126,7 @@ def test_ssm_attention_learns_its_decay_and_refuses_non_causal_use() -> None:
         mod(x, causal=False)
     with pytest.raises(ValueError, match="takes no explicit mask"):
         mod(x, causal=True, mask=torch.ones(9, 9, dtype=torch.bool))
-    with pytest.raises(ValueError, match="state must be"):
+    with pytest.raises(ValueError, match=r"state must have shape .*got \(1, 3, 4, 5\)"):
         mod.step(x[:, 0], torch.zeros(1, 3, 4, 5, dtype=F64))
 
 

@@ -3,7 +3,6 @@ and their extensions, in float64 against dense inverses and solves."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from sma_inputs import F64, close, gen, rand, randn
 
@@ -111,13 +110,3 @@ def test_masked_attention_product_with_the_semiseparable_inverse() -> None:
     Bn, Cn, x = rand(T, n, g=g), rand(T, n, g=g), randn(T, g=g)
     A, B, C = scalar_ssm_matrices(a, Bn, Cn)
     assert close(ssm_masked_attention_product(a, Bn, Cn, x), C.T @ torch.linalg.solve(A, B @ x))
-
-
-def test_ssm_helpers_reject_mismatched_shapes() -> None:
-    g = gen(17)
-    with pytest.raises(ValueError, match="B_blocks must be"):
-        ssm_recurrence(
-            randn(4, 3, 3, g=g), randn(4, 3, 1, g=g), randn(5, 3, 1, g=g), randn(5, 1, g=g)
-        )
-    with pytest.raises(ValueError, match="dynamics a must have shape"):
-        ssm_as_masked_attention(randn(5, g=g), randn(5, 2, g=g), randn(5, 2, g=g))

@@ -44,14 +44,20 @@ def test_flops_are_the_closed_forms_and_grow_2x_chunked_4x_quadratic_per_doublin
 ) -> None:
     """Matrix products only: quadratic ``2 h L^2 (n + p)`` (scores, then M x); chunked
     ``2 h L (Q (n + p) + 2 n p)`` (intra-chunk scores and outputs, chunk states, state to
-    output), for L a multiple of the chunk length Q."""
+    output), for L a multiple of the chunk length Q; a single chunk from a zero state has no
+    state work, ``2 h L Q (n + p)``."""
     lengths = [64, 128, 256, 512]
     h, p, n = 2, 8, 4
     res = flop_growth(lengths, chunk_size=chunk, heads=h, head_dim=p, state=n)
     for L, fc, fq in zip(lengths, res["flops"]["chunked"], res["flops"]["quadratic"]):
         assert fq == 2 * h * L**2 * (n + p)
-        assert fc == 2 * h * L * (chunk * (n + p) + 2 * n * p)
-    assert res["growth"]["chunked"] == [2.0, 2.0, 2.0]
+        states = 2 * n * p if L > chunk else 0
+        assert fc == 2 * h * L * (chunk * (n + p) + states)
+    growth = res["growth"]["chunked"]
+    assert growth[1:] == [2.0, 2.0]
+    assert growth[0] == (
+        2.0 if chunk < 64 else 2 * (chunk * (n + p) + 2 * n * p) / (chunk * (n + p))
+    )
     assert res["growth"]["quadratic"] == [4.0, 4.0, 4.0]
 
 

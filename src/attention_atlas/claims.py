@@ -576,7 +576,7 @@ CLAIMS: list[Claim] = [
         "(L o B) x = sum_i D(u_i) B D(v_i) x for a rank-p mask L = U V^T: p products with B.",
         C7,
         "1. Masked attention and the low-rank mask identity",
-        "sma_claims",
+        "sma_checks",
     ),
     _c(
         "sma/ssm-semiseparable",
@@ -586,7 +586,7 @@ CLAIMS: list[Claim] = [
         "time for a fixed state size.",
         C7,
         "2. The state-space model as structured matrices",
-        "sma_claims",
+        "sma_checks",
     ),
     _c(
         "sma/ssm-is-sma",
@@ -596,7 +596,7 @@ CLAIMS: list[Claim] = [
         "C^T A^-1 B = (C B^T) o a^-1.",
         C7,
         "3. Scalar dynamics: the SSM is structured masked attention",
-        "sma_claims",
+        "sma_checks",
     ),
     _c(
         "sma/sum-of-sma",
@@ -605,17 +605,17 @@ CLAIMS: list[Claim] = [
         "Independent but different per-state dynamics give a sum of masked attentions.",
         C7,
         "3. Scalar dynamics: the SSM is structured masked attention",
-        "sma_claims",
+        "sma_checks",
     ),
     _c(
         "sma/generators",
         "Section 2, semiseparable generators",
         "algorithm",
-        "The product through the generators u_i = prod a, v_i = 1/u_i computes the SSM in linear "
-        "time.",
+        "In exact arithmetic (every a_i nonzero), the product through the generators "
+        "u_t = a_1 ... a_{t-1}, v_t = 1/u_t computes the SSM in time linear in T.",
         C7,
         "4. The fast product, and where the generator representation breaks",
-        "sma_claims",
+        "sma_checks",
     ),
     _c(
         "sma/ssd-linear",
@@ -624,7 +624,7 @@ CLAIMS: list[Claim] = [
         "The chunked (SSD) algorithm computes the same output in time linear in the length.",
         C7,
         "5. SSD three ways: recurrence, masked attention, chunks",
-        "sma_claims",
+        "sma_checks",
     ),
 ]
 

@@ -24,6 +24,7 @@ EXPERIMENTS: dict[str, str] = {
     "matroidal": "attention_atlas.experiments.matroidal",
     "rank-collapse": "attention_atlas.experiments.rank_collapse",
     "ssd-scaling": "attention_atlas.experiments.ssd_scaling",
+    "ssm-lm": "attention_atlas.experiments.ssm_lm",
     "toy": "attention_atlas.experiments.toy",
 }
 

@@ -10,13 +10,14 @@ by the recurrence (a scan over time steps), by the materialised structured maske
 from __future__ import annotations
 
 import math
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-from .masked import _shape
+from ._checks import check_arg, check_same, shape_of
 
 __all__ = ["SSD_METHODS", "segsum", "ssd", "ssd_matrix", "ssd_step"]
 
@@ -35,6 +36,7 @@ def segsum(log_a: Tensor) -> Tensor:
     Returns:
         ``(..., T, T)``; ``exp`` of it is the 1-semiseparable decay mask.
     """
+    check_arg("segsum", "log_a", log_a, "(..., T) with T >= 1", nonempty=(-1,))
     T = log_a.shape[-1]
     grid = log_a[..., :, None].expand(*log_a.shape, T)  # grid[t, s] = log_a_t
     strict = torch.ones(T, T, dtype=torch.bool, device=log_a.device).tril(-1)
@@ -44,30 +46,54 @@ def segsum(log_a: Tensor) -> Tensor:
     return out.masked_fill_(~causal, -math.inf)
 
 
-def _check_ssd(x: Tensor, log_a: Tensor, B: Tensor, C: Tensor) -> None:
-    for name, t, nd in (("x", x, 4), ("log_a", log_a, 3), ("B", B, 4), ("C", C, 4)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != nd:
-            want = "(batch, length, heads)" if nd == 3 else "(batch, length, heads, dim)"
-            raise ValueError(f"ssd: {name} must be {nd}-D {want}, got shape {_shape(t)}")
-        if not t.is_floating_point():
-            raise ValueError(f"ssd: {name} must be floating point, got dtype {t.dtype}")
-    if log_a.shape != x.shape[:3]:
+_X = "(batch, length, heads, head_dim)"
+_LOG_A = "(batch, length, heads)"
+_BC = "(batch, length, heads, state)"
+
+
+def _check_ssd_inputs(
+    fn: str, log_a: Tensor, B: Tensor, C: Tensor, x: Tensor | None = None
+) -> None:
+    """``x (b, L, h, p)`` (when given), ``log_a (b, L, h)``, ``B, C (b, L, h, n)``: floating,
+    one dtype and device, no empty length, heads or dimension."""
+    if x is not None:
+        check_arg(fn, "x", x, _X, ndim=4, nonempty=(1, 2, 3))
+    check_arg(fn, "log_a", log_a, _LOG_A, ndim=3, nonempty=(1, 2))
+    check_arg(fn, "B", B, _BC, ndim=4, nonempty=(1, 2, 3))
+    check_arg(fn, "C", C, _BC, ndim=4, nonempty=(1, 2, 3))
+    bLh = shape_of(x)[:3] if x is not None else shape_of(log_a)
+    if x is not None and shape_of(log_a) != bLh:
         raise ValueError(
-            f"ssd: log_a must be (batch, length, heads) = {_shape(x)[:3]} to match "
-            f"x {_shape(x)}, got {_shape(log_a)}"
+            f"{fn}: log_a must have shape (batch, length, heads) = {bLh} to match x "
+            f"{shape_of(x)}, got {shape_of(log_a)}"
         )
-    if B.shape[:3] != x.shape[:3] or B.shape != C.shape:
+    for name, t in (("B", B), ("C", C)):
+        if shape_of(t)[:3] != bLh:
+            what = f"x {shape_of(x)}" if x is not None else f"log_a {shape_of(log_a)}"
+            raise ValueError(
+                f"{fn}: {name} must have shape (batch, length, heads, state) with (batch, "
+                f"length, heads) = {bLh} to match {what}, got {shape_of(t)}"
+            )
+    if B.shape[-1] != C.shape[-1]:
         raise ValueError(
-            f"ssd: B and C must both be (batch, length, heads, state) with (batch, length, heads) "
-            f"= {_shape(x)[:3]}, got B {_shape(B)}, C {_shape(C)}"
+            f"{fn}: B and C must have the same state size (last dim), got B {shape_of(B)}, "
+            f"C {shape_of(C)}"
         )
-    if not (x.dtype == log_a.dtype == B.dtype == C.dtype):
-        raise ValueError(
-            f"ssd: x, log_a, B, C must share a dtype, got {x.dtype}, {log_a.dtype}, "
-            f"{B.dtype}, {C.dtype}"
-        )
+    check_same(fn, x=x, log_a=log_a, B=B, C=C)
+
+
+def _check_ssd(x: Tensor, log_a: Tensor, B: Tensor, C: Tensor, h0: Tensor | None) -> None:
+    _check_ssd_inputs("ssd", log_a, B, C, x)
+    if h0 is not None:
+        b, _, h, p = x.shape
+        want = (b, h, p, B.shape[-1])
+        check_arg("ssd", "initial_state", h0, f"(batch, heads, head_dim, state) = {want}")
+        if shape_of(h0) != want:
+            raise ValueError(
+                f"ssd: initial_state must have shape (batch, heads, head_dim, state) = {want}, "
+                f"got {shape_of(h0)}"
+            )
+        check_same("ssd", x=x, initial_state=h0)
 
 
 def ssd_matrix(log_a: Tensor, B: Tensor, C: Tensor) -> Tensor:
@@ -76,8 +102,26 @@ def ssd_matrix(log_a: Tensor, B: Tensor, C: Tensor) -> Tensor:
     ``M_ts = (C_t . B_s) exp(log_a_{s+1} + ... + log_a_t)`` for ``t >= s``, 0 above.
     ``log_a (batch, L, heads)``, ``B, C (batch, L, heads, state)``.
     """
+    _check_ssd_inputs("ssd_matrix", log_a, B, C)
     mask = segsum(log_a.transpose(1, 2)).exp_()  # (b, h, L, L)
     return torch.einsum("blhn,bshn->bhls", C, B) * mask
+
+
+def _check_ssd_step(x: Tensor, log_a: Tensor, B: Tensor, C: Tensor, state: Tensor) -> None:
+    fn = "ssd_step"
+    check_arg(fn, "x", x, "(batch, heads, head_dim)", ndim=3, nonempty=(1, 2))
+    b, h, p = x.shape
+    check_arg(fn, "log_a", log_a, f"(batch, heads) = {(b, h)}", ndim=2)
+    check_arg(fn, "B", B, f"(batch, heads, state) = ({b}, {h}, state)", ndim=3, nonempty=(2,))
+    n = B.shape[-1]
+    check_arg(fn, "C", C, f"(batch, heads, state) = {(b, h, n)}", ndim=3)
+    check_arg(fn, "state", state, f"(batch, heads, head_dim, state) = {(b, h, p, n)}", ndim=4)
+    for name, t, want in (("log_a", log_a, (b, h)), ("B", B, (b, h, n)), ("C", C, (b, h, n)),
+                          ("state", state, (b, h, p, n))):  # fmt: skip
+        if shape_of(t) != want:
+            raise ValueError(f"{fn}: {name} must have shape {want} to match x {shape_of(x)} "
+                             f"and B {shape_of(B)}, got {shape_of(t)}")  # fmt: skip
+    check_same(fn, x=x, log_a=log_a, B=B, C=C, state=state)
 
 
 def ssd_step(
@@ -92,6 +136,7 @@ def ssd_step(
     Returns:
         ``(y (batch, heads, head_dim), new state)``.
     """
+    _check_ssd_step(x, log_a, B, C, state)
     state = torch.exp(log_a)[..., None, None] * state + torch.einsum("bhp,bhn->bhpn", x, B)
     return torch.einsum("bhpn,bhn->bhp", state, C), state
 
@@ -125,9 +170,46 @@ def _ssd_quadratic(
     return y, final
 
 
+class _MaskedScoresT(torch.autograd.Function):
+    """``scores_t o L^T`` with the decay mask ``L = exp(segsum(A))`` of each chunk, in the
+    transposed layout ``(..., s, t)``: ``scores_t (..., l, l)``, ``A (..., l)``.
+
+    Forward: ``L^T_st = a_{s+1} ... a_t`` (``a = exp(A)``) by a cumulative product along the
+    contiguous last dimension, each entry a product along its own segment (as in
+    :func:`~.ssm.decay_mask`: no division, no difference of prefix sums), then zero for
+    ``t < s``.
+
+    Backward, from ``L_st = exp(cs_t - cs_s)`` with ``cs`` the prefix sums of ``A`` (exact in
+    exact arithmetic; a gradient has no cancellation to fear): ``d scores = grad o L``,
+    ``G = d scores o scores``, ``d cs_j = sum_s G_sj - sum_t G_jt``, ``dA_k = sum_{j >= k}
+    d cs_j``: two reductions of one tensor instead of autograd's chain of masks, flips and
+    cumulative sums. The intra-chunk blocks of the chunked method, and so a training step of
+    the ``"ssm"`` attention, spend most of their elementwise time here.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, scores_t: Tensor, A: Tensor) -> Tensor:
+        length = A.shape[-1]
+        upper = torch.ones(length, length, dtype=torch.bool, device=A.device)
+        grid = torch.where(upper.triu(1), torch.exp(A)[..., None, :], 1.0)  # a_t for t > s
+        L = grid.cumprod_(-1).mul_(upper.triu().to(A.dtype))
+        ctx.save_for_backward(scores_t, L)
+        return scores_t * L
+
+    @staticmethod
+    @once_differentiable  # a second derivative through it raises instead of being wrong
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+        scores_t, L = ctx.saved_tensors
+        d_scores = grad * L
+        G = d_scores * scores_t
+        d_cs = G.sum(-2) - G.sum(-1)  # (..., l)
+        return d_scores, d_cs.flip(-1).cumsum(-1).flip(-1)  # dA_k = sum_{j >= k} d cs_j
+
+
 def _ssd_chunked(
-    x: Tensor, log_a: Tensor, B: Tensor, C: Tensor, h0: Tensor, chunk_size: int
-) -> tuple[Tensor, Tensor]:
+    x: Tensor, log_a: Tensor, B: Tensor, C: Tensor, h0: Tensor | None, chunk_size: int,
+    need_final: bool,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     b, length, h, p = x.shape
     n = B.shape[-1]
     # 0. pad to a multiple of the chunk size (zero inputs and zero log-decay after the end
@@ -142,44 +224,51 @@ def _ssd_chunked(
     Bc = B.transpose(1, 2).contiguous().view(b, h, c, chunk_size, n)  # (b, h, c, l, n)
     Cc = C.transpose(1, 2).contiguous().view(b, h, c, chunk_size, n)  # (b, h, c, l, n)
     A = log_a.transpose(1, 2).contiguous().view(b, h, c, chunk_size)  # (b, h, c, l)
-    A_cumsum = torch.cumsum(A, dim=-1)  # within each chunk only: short sums
 
-    # 1. intra-chunk outputs (diagonal blocks): Y_diag = ((C B^T) o L) X, chunk by chunk
-    L = torch.exp(segsum(A))  # (b, h, c, l, s)
-    scores = torch.einsum("bhcln,bhcsn->bhcls", Cc, Bc) * L
-    Y_diag = torch.einsum("bhcls,bhcsp->bhclp", scores, X)
+    # 1. intra-chunk outputs (diagonal blocks): Y_diag = ((C B^T) o L) X, chunk by chunk,
+    #    with the scores and the mask held transposed, (s, t)
+    scores_t = _MaskedScoresT.apply(torch.einsum("bhcsn,bhcln->bhcsl", Bc, Cc), A)
+    Y = torch.einsum("bhcsl,bhcsp->bhclp", scores_t, X)
+    if c == 1 and h0 is None and not need_final:
+        # one chunk from a zero state: the diagonal block is the whole matrix (steps 2-4 add 0)
+        return Y.permute(0, 2, 3, 1, 4).reshape(b, chunk_size, h, p)[:, :length], None
 
     # 2. chunk states (right factor of the off-diagonal blocks; B terms):
     #    the state each chunk would leave behind if it started from zero
+    A_cumsum = torch.cumsum(A, dim=-1)  # within each chunk only: short sums
     decay_states = torch.exp(A_cumsum[..., -1:] - A_cumsum)  # (b, h, c, l) decay l -> chunk end
     states = torch.einsum("bhcln,bhclp->bhcpn", Bc * decay_states[..., None], X)
 
     # 3. inter-chunk recurrence (middle factor; A terms): a scan over chunks, linear in L
     decay_chunk = torch.exp(A_cumsum[..., -1])  # (b, h, c) decay across a whole chunk
-    state, entering = h0, []
+    state = h0 if h0 is not None else x.new_zeros(b, h, p, n)
+    entering = []
     for k in range(c):
         entering.append(state)
         state = decay_chunk[:, :, k, None, None] * state + states[:, :, k]
     prev = torch.stack(entering, dim=2)  # (b, h, c, p, n): the state entering each chunk
 
     # 4. state -> output per chunk (left factor; C terms)
-    Y_off = torch.einsum("bhcln,bhcpn->bhclp", Cc * torch.exp(A_cumsum)[..., None], prev)
+    Y = Y + torch.einsum("bhcln,bhcpn->bhclp", Cc * torch.exp(A_cumsum)[..., None], prev)
 
-    y = (Y_diag + Y_off).permute(0, 2, 3, 1, 4).reshape(b, c * chunk_size, h, p)
+    y = Y.permute(0, 2, 3, 1, 4).reshape(b, c * chunk_size, h, p)
     return y[:, :length], state
 
 
 def _ssd_chunked_blocks(
-    x: Tensor, log_a: Tensor, B: Tensor, C: Tensor, h0: Tensor, chunk_size: int, block_len: int
-) -> tuple[Tensor, Tensor]:
+    x: Tensor, log_a: Tensor, B: Tensor, C: Tensor, h0: Tensor | None, chunk_size: int,
+    block_len: int, need_final: bool,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     # 5. a long sequence goes through steps 0-4 in blocks of whole chunks, the state carried
     #    from one block to the next: the same arithmetic, but the working set stays bounded
     #    (it fits in cache), so the time per token does not grow with L
     block = max(1, block_len // chunk_size) * chunk_size
-    ys, state = [], h0
-    for s in range(0, x.shape[1], block):
+    ys, state, length = [], h0, x.shape[1]
+    for s in range(0, length, block):
         sl = slice(s, s + block)
-        y, state = _ssd_chunked(x[:, sl], log_a[:, sl], B[:, sl], C[:, sl], state, chunk_size)
+        last = s + block >= length
+        y, state = _ssd_chunked(x[:, sl], log_a[:, sl], B[:, sl], C[:, sl], state, chunk_size,
+                                need_final or not last)  # fmt: skip
         ys.append(y)
     return torch.cat(ys, dim=1), state
 
@@ -251,35 +340,35 @@ def ssd(
 
     Returns:
         ``y`` shaped like ``x``, or ``(y, final_state)``.
+
+    Raises:
+        TypeError: an argument is not a tensor. ValueError (one line naming the argument, what
+        came and what was expected): a wrong rank, a length, head count or state size that does
+        not match ``x``, an empty sequence (``length == 0``), heads or dimension, an integer
+        dtype, dtypes or devices that differ, an unknown ``method``, a ``chunk_size`` or
+        ``block_len`` that is not a positive int.
     """
-    _check_ssd(x, log_a, B, C)
+    _check_ssd(x, log_a, B, C, initial_state)
     if method not in SSD_METHODS:
         raise ValueError(f"ssd: method must be one of {SSD_METHODS}, got {method!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"ssd: chunk_size must be a positive int, got {chunk_size!r}")
-    if not isinstance(block_len, int) or block_len < 1:
+    if isinstance(block_len, bool) or not isinstance(block_len, int) or block_len < 1:
         raise ValueError(f"ssd: block_len must be a positive int, got {block_len!r}")
     b, _, h, p = x.shape
-    n = B.shape[-1]
-    if initial_state is not None and _shape(initial_state) != (b, h, p, n):
-        raise ValueError(
-            f"ssd: initial_state must be (batch, heads, head_dim, state) = {(b, h, p, n)}, "
-            f"got {_shape(initial_state)}"
-        )
     h0 = initial_state
-    if h0 is None and (method != "quadratic" or return_final_state):
-        h0 = x.new_zeros(b, h, p, n)
+    if h0 is None and (method == "recurrent" or (method == "quadratic" and return_final_state)):
+        h0 = x.new_zeros(b, h, p, B.shape[-1])
     final: Tensor | None
-    if x.shape[1] == 0:  # an empty sequence: no output, the state passes through unchanged
-        y, final = x.clone(), h0
-    elif method == "recurrent":
+    if method == "recurrent":
         assert h0 is not None
         y, final = _ssd_recurrent(x, log_a, B, C, h0)
     elif method == "quadratic":
         y, final = _ssd_quadratic(x, log_a, B, C, h0)
     else:
-        assert h0 is not None
-        y, final = _ssd_chunked_blocks(x, log_a, B, C, h0, chunk_size, block_len)
+        y, final = _ssd_chunked_blocks(
+            x, log_a, B, C, h0, chunk_size, block_len, return_final_state
+        )
     if return_final_state:
         assert final is not None
         return y, final

@@ -15,23 +15,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import check_arg, check_same, shape_of
+
 __all__ = ["Semiseparable", "low_rank_masked_product", "masked_attention"]
 
 
-def _shape(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
-def _as_matrix(x: Tensor, n: int, name: str, batch_ndim: int) -> tuple[Tensor, bool]:
+def _as_matrix(fn: str, x: Tensor, n: int, name: str, batch_ndim: int) -> tuple[Tensor, bool]:
     """``x (..., n)`` or ``(..., n, k)`` -> ``(..., n, k)`` and whether it was a vector."""
+    want = f"(..., {n}) or (..., {n}, k) with {batch_ndim} leading batch dim(s)"
+    check_arg(fn, name, x, want, nonempty=(-1,))
     if x.dim() == batch_ndim + 1 and x.shape[-1] == n:
         return x.unsqueeze(-1), True
     if x.dim() == batch_ndim + 2 and x.shape[-2] == n:
         return x, False
-    raise ValueError(
-        f"{name} must have shape (..., {n}) or (..., {n}, k) with {batch_ndim} leading "
-        f"batch dims, got {_shape(x)}"
-    )
+    raise ValueError(f"{fn}: {name} must have shape {want}, got {shape_of(x)}")
 
 
 def masked_attention(mask: Tensor, scores: Tensor, x: Tensor) -> Tensor:
@@ -45,12 +42,16 @@ def masked_attention(mask: Tensor, scores: Tensor, x: Tensor) -> Tensor:
     Returns:
         ``M x`` shaped like ``x``.
     """
+    fn = "masked_attention"
+    check_arg(fn, "mask", mask, "(..., n, n) with n >= 1", min_dim=2, nonempty=(-1,))
+    check_arg(fn, "scores", scores, "(..., n, n) with n >= 1", min_dim=2, nonempty=(-1,))
     if mask.shape[-2:] != scores.shape[-2:] or mask.shape[-1] != mask.shape[-2]:
         raise ValueError(
-            f"mask L and scores B must be square and equal in size, got L {_shape(mask)}, "
-            f"B {_shape(scores)}"
+            f"{fn}: mask L and scores B must be square and equal in size (..., n, n), got "
+            f"L {shape_of(mask)}, B {shape_of(scores)}"
         )
-    xm, vec = _as_matrix(x, mask.shape[-1], "x", mask.dim() - 2)
+    xm, vec = _as_matrix(fn, x, mask.shape[-1], "x", mask.dim() - 2)
+    check_same(fn, mask=mask, scores=scores, x=x)
     y = (mask * scores) @ xm
     return y.squeeze(-1) if vec else y
 
@@ -72,19 +73,33 @@ def low_rank_masked_product(
     Returns:
         ``M x`` shaped like ``x``.
     """
-    if U.dim() != 2 or U.shape != V.shape:
-        raise ValueError(f"U and V must both be (n, p), got U {_shape(U)}, V {_shape(V)}")
+    fn = "low_rank_masked_product"
+    check_arg(fn, "U", U, "(n, p) with n, p >= 1", ndim=2, nonempty=(0, 1))
+    check_arg(fn, "V", V, f"(n, p) = {shape_of(U)} like U", ndim=2)
+    if V.shape != U.shape:
+        raise ValueError(
+            f"{fn}: V must have shape (n, p) = {shape_of(U)} like U, got {shape_of(V)}"
+        )
     n, p = U.shape
     if isinstance(scores, Tensor):
+        check_arg(fn, "scores", scores, f"({n}, {n}) to match U {shape_of(U)}", ndim=2)
         if scores.shape != (n, n):
             raise ValueError(
-                f"scores B must be ({n}, {n}) to match U {_shape(U)}, got {_shape(scores)}"
+                f"{fn}: scores B must have shape ({n}, {n}) to match U {shape_of(U)}, got "
+                f"{shape_of(scores)}"
             )
+        check_same(fn, U=U, V=V, scores=scores)
         mat = scores
         apply: Callable[[Tensor], Tensor] = lambda z: mat @ z
-    else:
+    elif callable(scores):
         apply = scores
-    xm, vec = _as_matrix(x, n, "x", 0)
+    else:
+        raise TypeError(
+            f"{fn}: scores must be a tensor ({n}, {n}) or a callable applying B, got "
+            f"{type(scores).__name__}"
+        )
+    xm, vec = _as_matrix(fn, x, n, "x", 0)
+    check_same(fn, U=U, V=V, x=x)
     y = torch.zeros_like(xm)
     for i in range(p):  # p products with B, 2p diagonal scalings
         y = y + U[:, i, None] * apply(V[:, i, None] * xm)
@@ -111,11 +126,15 @@ class Semiseparable:
     symmetric: bool = False
 
     def __post_init__(self) -> None:
-        if self.U.dim() < 2 or self.U.shape != self.V.shape:
+        fn = "Semiseparable"
+        check_arg(fn, "U", self.U, "(..., n, p) with n, p >= 1", min_dim=2, nonempty=(-2, -1))
+        check_arg(fn, "V", self.V, f"(..., n, p) = {shape_of(self.U)} like U", min_dim=2)
+        if self.U.shape != self.V.shape:
             raise ValueError(
-                f"Semiseparable generators U and V must share a shape (..., n, p), "
-                f"got U {_shape(self.U)}, V {_shape(self.V)}"
+                f"{fn}: generators U and V must share a shape (..., n, p), got "
+                f"U {shape_of(self.U)}, V {shape_of(self.V)}"
             )
+        check_same(fn, U=self.U, V=self.V)
 
     @property
     def n(self) -> int:
@@ -136,7 +155,8 @@ class Semiseparable:
 
     def matmul(self, x: Tensor) -> Tensor:
         """``S x`` for ``x (..., n)`` or ``(..., n, k)`` in ``O(n p k)``, by prefix sums."""
-        xm, vec = _as_matrix(x, self.n, "x", self.U.dim() - 2)
+        xm, vec = _as_matrix("Semiseparable.matmul", x, self.n, "x", self.U.dim() - 2)
+        check_same("Semiseparable.matmul", U=self.U, x=x)
         # 1. lower part: y_i = U_i . cumsum_{j<=i}(V_j x_j^T)
         prefix = torch.einsum("...jp,...jk->...jpk", self.V, xm).cumsum(dim=-3)
         y = torch.einsum("...ip,...ipk->...ik", self.U, prefix)

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Attention, AttentionResult, count_nonfinite
+from ..base import Attention, AttentionResult, check_tensor, count_nonfinite
+from ._checks import shape_of
 from .duality import SSD_METHODS, ssd, ssd_matrix, ssd_step
-from .masked import _shape
 
 __all__ = ["ROW_STOCHASTIC_TOL", "SSMAttention", "is_row_stochastic"]
 
@@ -113,15 +113,15 @@ class SSMAttention(Attention):
         if mask is not None:
             raise ValueError(
                 "ssm attention takes no explicit mask (its mask is the learned decay); got a "
-                f"mask of shape {_shape(mask)}"
+                f"mask of shape {shape_of(mask)}"
             )
         dt, log_a = self.decay(x)  # (B, L, H)
-        Cq = (q * self.scale).transpose(1, 2)  # (B, L, H, d): queries as C
-        Bk = k.transpose(1, 2)  # keys as B
-        X = v.transpose(1, 2) * dt[..., None]  # values as x, discretised by dt
         extras = {"dt": dt.transpose(1, 2), "log_a": log_a.transpose(1, 2)}  # (B, H, L)
+        # scale (q . k) dt v = (q . k) (scale dt v): the scale rides on the (B, L, H) step
+        step = dt * self.scale
+        Cq, Bk = q.transpose(1, 2), k.transpose(1, 2)  # (B, L, H, d): queries as C, keys as B
         if need_weights:
-            weights = ssd_matrix(log_a, Bk, Cq) * dt.transpose(1, 2)[:, :, None, :]  # (B,H,L,L)
+            weights = ssd_matrix(log_a, Bk, Cq) * step.transpose(1, 2)[:, :, None, :]  # (B,H,L,L)
             out = weights @ v
             causal_keep = torch.ones_like(weights[0, 0], dtype=torch.bool).tril()
             lower = weights.detach()[..., causal_keep]
@@ -132,6 +132,7 @@ class SSMAttention(Attention):
                 "weights_negative_fraction": (lower < 0).float().mean(),
             }
             return AttentionResult(out, weights, diagnostics, extras)
+        X = v.transpose(1, 2) * step[..., None]  # values as x, discretised by dt
         y = ssd(X, log_a, Bk, Cq, method=self.method, chunk_size=self.chunk_size)
         return AttentionResult(y.transpose(1, 2), None, {}, extras)
 
@@ -140,8 +141,7 @@ class SSMAttention(Attention):
 
         ``state`` is ``(B, H, head_dim, head_dim)`` (value dim by state dim), zero if None.
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected x of shape (B, L, {self.dim}), got {_shape(x)}")
+        self.check_input(x)  # (B, L, D), B and L >= 1, the module's dtype and device
         q, k, v = self.split_heads(x)
         dt, log_a = self.decay(x)
         y, new_state = ssd(
@@ -163,21 +163,35 @@ class SSMAttention(Attention):
         The state is carried explicitly: start from ``None`` (zeros) or from
         :meth:`forward_with_state`. Equal to the forward pass position by position.
         """
-        if x_t.dim() != 2 or x_t.shape[-1] != self.dim:
-            raise ValueError(f"expected x_t of shape (B, {self.dim}), got {_shape(x_t)}")
+        self._check_step_input(x_t)
         b = x_t.shape[0]
         qkv = self.qkv(x_t).view(b, 3, self.n_heads, self.head_dim)
         q, k, v = qkv.unbind(1)  # (B, H, d) each
         dt, log_a = self.decay(x_t)  # (B, H)
         if state is None:
             state = x_t.new_zeros(b, self.n_heads, self.head_dim, self.head_dim)
-        elif _shape(state) != (b, self.n_heads, self.head_dim, self.head_dim):
-            raise ValueError(
-                f"state must be (B, H, d, d) = {(b, self.n_heads, self.head_dim, self.head_dim)}, "
-                f"got {_shape(state)}"
-            )
+        else:
+            want = (b, self.n_heads, self.head_dim, self.head_dim)
+            check_tensor("state", state, expected=f"(B, H, d, d) = {want}")
+            if shape_of(state) != want:
+                raise ValueError(
+                    f"state must have shape (B, H, d, d) = {want}, got {shape_of(state)}"
+                )
         y, state = ssd_step(v * dt[..., None], log_a, k, q * self.scale, state)
         return self.dropout(self.proj(y.reshape(b, -1))), state
+
+    def _check_step_input(self, x_t: Tensor) -> None:
+        """``x_t (B, D)``, ``B >= 1``, in the module's dtype and on its device."""
+        expected = f"(B, {self.dim}) with B >= 1"
+        check_tensor("x_t", x_t, expected=expected, ndim=2, nonempty=(0,))
+        if x_t.shape[-1] != self.dim:
+            raise ValueError(f"expected x_t of shape {expected}, got {shape_of(x_t)}")
+        w = self.qkv.weight
+        if x_t.dtype != w.dtype or x_t.device != w.device:
+            raise ValueError(
+                f"expected x_t in this module's dtype {w.dtype} on {w.device}, got {x_t.dtype} "
+                f"on {x_t.device}"
+            )
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", method={self.method!r}, chunk_size={self.chunk_size}"

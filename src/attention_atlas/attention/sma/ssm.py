@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .masked import Semiseparable, _shape, low_rank_masked_product
+from ._checks import check_arg, check_same, shape_of
+from .masked import Semiseparable, low_rank_masked_product
 
 __all__ = [
     "bidiagonal",
@@ -35,8 +36,7 @@ __all__ = [
 
 def bidiagonal(a: Tensor) -> Tensor:
     """The ``(T, T)`` unit lower-bidiagonal matrix with ``-a`` below the diagonal; ``a (T-1,)``."""
-    if a.dim() != 1:
-        raise ValueError(f"a must be a vector (T-1,), got {_shape(a)}")
+    check_arg("bidiagonal", "a", a, "(T-1,)", ndim=1)
     return torch.eye(a.shape[0] + 1, dtype=a.dtype, device=a.device) - torch.diag(a, -1)
 
 
@@ -46,8 +46,7 @@ def block_bidiagonal(A_blocks: Tensor) -> Tensor:
     ``A_blocks (T-1, n, n)`` are the transitions ``h_{i+1} = A_i h_i + ...``
     (seed section 1, the block form).
     """
-    if A_blocks.dim() != 3 or A_blocks.shape[-1] != A_blocks.shape[-2]:
-        raise ValueError(f"A_blocks must be (T-1, n, n), got {_shape(A_blocks)}")
+    _check_blocks("block_bidiagonal", A_blocks)
     t1, n, _ = A_blocks.shape
     T = t1 + 1
     sub = torch.zeros(T, T, n, n, dtype=A_blocks.dtype, device=A_blocks.device)
@@ -72,10 +71,11 @@ def bidiagonal_inverse_generators(A_blocks: Tensor) -> Semiseparable:
     Args:
         A_blocks: ``(T-1, n, n)``, or ``(T-1,)`` for scalar dynamics (then ``n = 1``).
     """
+    fn, want = "bidiagonal_inverse_generators", "(T-1,) or (T-1, n, n) with n >= 1"
+    check_arg(fn, "A_blocks", A_blocks, want)
     if A_blocks.dim() == 1:
         A_blocks = A_blocks[:, None, None]
-    if A_blocks.dim() != 3 or A_blocks.shape[-1] != A_blocks.shape[-2]:
-        raise ValueError(f"A_blocks must be (T-1,) or (T-1, n, n), got {_shape(A_blocks)}")
+    _check_blocks(fn, A_blocks, want)
     t1, n, _ = A_blocks.shape
     phi = [torch.eye(n, dtype=A_blocks.dtype, device=A_blocks.device)]
     for i in range(t1):
@@ -100,6 +100,7 @@ def decay_mask(a: Tensor) -> Tensor:
     Returns:
         ``(..., T, T)``, lower triangular with unit diagonal: a 1-semiseparable matrix.
     """
+    check_arg("decay_mask", "a", a, "(..., T-1)")
     T = a.shape[-1] + 1
     ones = torch.ones(*a.shape[:-1], 1, dtype=a.dtype, device=a.device)
     shifted = torch.cat([ones, a], dim=-1)  # shifted[t] = a_{t-1}: the factor entering row t
@@ -109,16 +110,31 @@ def decay_mask(a: Tensor) -> Tensor:
     return torch.cumprod(grid, dim=-2).tril()
 
 
-def _check_ssm(A_blocks: Tensor, B_blocks: Tensor, C_blocks: Tensor, x: Tensor | None) -> None:
-    if A_blocks.dim() != 3 or A_blocks.shape[-1] != A_blocks.shape[-2]:
-        raise ValueError(f"A_blocks must be (T-1, n, n), got {_shape(A_blocks)}")
+def _check_blocks(fn: str, A_blocks: Tensor, want: str = "(T-1, n, n) with n >= 1") -> None:
+    check_arg(fn, "A_blocks", A_blocks, want, ndim=3, nonempty=(1,))
+    if A_blocks.shape[-1] != A_blocks.shape[-2]:
+        raise ValueError(f"{fn}: A_blocks must have shape {want}, got {shape_of(A_blocks)}")
+
+
+def _check_ssm(
+    fn: str, A_blocks: Tensor, B_blocks: Tensor, C_blocks: Tensor, x: Tensor | None
+) -> None:
+    """``A_blocks (T-1, n, n)``, ``B_blocks (T, n, m)``, ``C_blocks (T, n, k)``, ``x (T, m)``."""
+    _check_blocks(fn, A_blocks)
     t1, n, _ = A_blocks.shape
-    if B_blocks.dim() != 3 or B_blocks.shape[:2] != (t1 + 1, n):
-        raise ValueError(f"B_blocks must be ({t1 + 1}, {n}, m), got {_shape(B_blocks)}")
-    if C_blocks.dim() != 3 or C_blocks.shape[:2] != (t1 + 1, n):
-        raise ValueError(f"C_blocks must be ({t1 + 1}, {n}, k), got {_shape(C_blocks)}")
-    if x is not None and (x.dim() != 2 or x.shape != (t1 + 1, B_blocks.shape[-1])):
-        raise ValueError(f"x must be ({t1 + 1}, {B_blocks.shape[-1]}), got {_shape(x)}")
+    T = t1 + 1
+    for name, t, want in (("B_blocks", B_blocks, f"({T}, {n}, m) with m >= 1"),
+                          ("C_blocks", C_blocks, f"({T}, {n}, k) with k >= 1")):  # fmt: skip
+        check_arg(fn, name, t, want, ndim=3, nonempty=(2,))
+        if t.shape[:2] != (T, n):
+            raise ValueError(f"{fn}: {name} must have shape {want} to match A_blocks "
+                             f"{shape_of(A_blocks)}, got {shape_of(t)}")  # fmt: skip
+    if x is not None:
+        want = f"({T}, {B_blocks.shape[-1]}) to match B_blocks {shape_of(B_blocks)}"
+        check_arg(fn, "x", x, want, ndim=2)
+        if x.shape != (T, B_blocks.shape[-1]):
+            raise ValueError(f"{fn}: x must have shape {want}, got {shape_of(x)}")
+    check_same(fn, A_blocks=A_blocks, B_blocks=B_blocks, C_blocks=C_blocks, x=x)
 
 
 def ssm_recurrence(
@@ -134,7 +150,7 @@ def ssm_recurrence(
     Returns:
         ``(h (T, n), y (T, k))``.
     """
-    _check_ssm(A_blocks, B_blocks, C_blocks, x)
+    _check_ssm("ssm_recurrence", A_blocks, B_blocks, C_blocks, x)
     h = [B_blocks[0] @ x[0]]
     for t in range(1, x.shape[0]):
         h.append(A_blocks[t - 1] @ h[-1] + B_blocks[t] @ x[t])
@@ -150,7 +166,7 @@ def ssm_block_matrices(
     Returns:
         ``A (T n, T n)`` block bidiagonal, ``B (T n, T m)`` and ``C (T n, T k)`` block diagonal.
     """
-    _check_ssm(A_blocks, B_blocks, C_blocks, None)
+    _check_ssm("ssm_block_matrices", A_blocks, B_blocks, C_blocks, None)
     return block_bidiagonal(A_blocks), torch.block_diag(*B_blocks), torch.block_diag(*C_blocks)
 
 
@@ -164,7 +180,7 @@ def ssm_semiseparable(
     Returns:
         ``(h (T, n), y (T, k))`` as :func:`ssm_recurrence`.
     """
-    _check_ssm(A_blocks, B_blocks, C_blocks, x)
+    _check_ssm("ssm_semiseparable", A_blocks, B_blocks, C_blocks, x)
     T, n = B_blocks.shape[:2]
     bx = torch.einsum("tnm,tm->tn", B_blocks, x).reshape(T * n)  # B x, block by block
     h = (bidiagonal_inverse_generators(A_blocks) @ bx).reshape(T, n)
@@ -183,6 +199,7 @@ def scalar_ssm_matrices(a: Tensor, Bn: Tensor, Cn: Tensor) -> tuple[Tensor, Tens
     Returns:
         ``A (n T, n T)``, ``B (n T, T)``, ``C (n T, T)``.
     """
+    _check_sma("scalar_ssm_matrices", a, Bn, Cn, per_state=False)
     return per_state_ssm_matrices(a.expand(Bn.shape[-1], -1), Bn, Cn)
 
 
@@ -191,20 +208,33 @@ def per_state_ssm_matrices(a: Tensor, Bn: Tensor, Cn: Tensor) -> tuple[Tensor, T
 
     ``A = blockdiag(a^(1), ..., a^(n))`` (bidiagonals).
     """
-    _check_sma(a, Bn, Cn, per_state=True)
+    _check_sma("per_state_ssm_matrices", a, Bn, Cn, per_state=True)
     A = torch.block_diag(*[bidiagonal(ak) for ak in a])
     B = torch.cat([torch.diag(b) for b in Bn.T])
     C = torch.cat([torch.diag(c) for c in Cn.T])
     return A, B, C
 
 
-def _check_sma(a: Tensor, Bn: Tensor, Cn: Tensor, *, per_state: bool) -> None:
-    if Bn.dim() != 2 or Bn.shape != Cn.shape:
-        raise ValueError(f"Bn and Cn must both be (T, n), got Bn {_shape(Bn)}, Cn {_shape(Cn)}")
+def _check_sma(
+    fn: str, a: Tensor, Bn: Tensor, Cn: Tensor, *, per_state: bool, x: Tensor | None = None
+) -> None:
+    """``Bn, Cn (T, n)``; ``a (T-1,)`` (or ``(n, T-1)`` per state); ``x (T,)`` when given."""
+    check_arg(fn, "Bn", Bn, "(T, n) with T, n >= 1", ndim=2, nonempty=(0, 1))
     T, n = Bn.shape
+    check_arg(fn, "Cn", Cn, f"(T, n) = {(T, n)} like Bn", ndim=2)
+    if Cn.shape != Bn.shape:
+        raise ValueError(f"{fn}: Cn must have shape (T, n) = {(T, n)} like Bn, got {shape_of(Cn)}")
     want = (n, T - 1) if per_state else (T - 1,)
-    if _shape(a) != want:
-        raise ValueError(f"dynamics a must have shape {want} for Bn {_shape(Bn)}, got {_shape(a)}")
+    check_arg(fn, "a", a, f"{want} for Bn {(T, n)}")
+    if shape_of(a) != want:
+        raise ValueError(
+            f"{fn}: dynamics a must have shape {want} for Bn {shape_of(Bn)}, got {shape_of(a)}"
+        )
+    if x is not None:
+        check_arg(fn, "x", x, f"({T},) for Bn {(T, n)}", ndim=1)
+        if x.shape != (T,):
+            raise ValueError(f"{fn}: x must have shape ({T},) for Bn {(T, n)}, got {shape_of(x)}")
+    check_same(fn, a=a, Bn=Bn, Cn=Cn, x=x)
 
 
 def ssm_as_masked_attention(a: Tensor, Bn: Tensor, Cn: Tensor) -> Tensor:
@@ -216,7 +246,7 @@ def ssm_as_masked_attention(a: Tensor, Bn: Tensor, Cn: Tensor) -> Tensor:
     Returns:
         ``M (T, T)`` with ``y = M x``.
     """
-    _check_sma(a, Bn, Cn, per_state=False)
+    _check_sma("ssm_as_masked_attention", a, Bn, Cn, per_state=False)
     return (Cn @ Bn.T) * decay_mask(a)
 
 
@@ -226,7 +256,7 @@ def ssm_as_sum_of_masked_attentions(a: Tensor, Bn: Tensor, Cn: Tensor) -> Tensor
     Args:
         a: ``(n, T-1)``, row k the dynamics of state k; Bn, Cn: ``(T, n)``.
     """
-    _check_sma(a, Bn, Cn, per_state=True)
+    _check_sma("ssm_as_sum_of_masked_attentions", a, Bn, Cn, per_state=True)
     return torch.einsum("tk,sk,kts->ts", Cn, Bn, decay_mask(a))
 
 
@@ -239,6 +269,6 @@ def ssm_masked_attention_product(a: Tensor, Bn: Tensor, Cn: Tensor, x: Tensor) -
     Args:
         a: ``(T-1,)`` nonzero; Bn, Cn: ``(T, n)``; x: ``(T,)``.
     """
-    _check_sma(a, Bn, Cn, per_state=False)
+    _check_sma("ssm_masked_attention_product", a, Bn, Cn, per_state=False, x=x)
     ainv = bidiagonal_inverse_generators(a)  # u_t = a_0 ... a_{t-1}, v_t = 1 / u_t
     return low_rank_masked_product(ainv.matmul, Cn, Bn, x)
