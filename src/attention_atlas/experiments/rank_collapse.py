@@ -40,6 +40,7 @@ __all__ = [
     "outcomes",
     "regime",
     "run_cell",
+    "stack_outcomes",
     "stack_runs",
     "stack_summary",
     "stack_verdicts",
@@ -288,6 +289,16 @@ def chapter_outcomes(
         f"{pt.ONSET_DELTA:g}; Theta(tau/L) predicts -1)",
         scale=None,
     )
+    found = {"riemannian/prop-3.5": prop, "riemannian/conj-3.6": transition}
+    return {**found, **stack_outcomes(stacks)}
+
+
+def stack_outcomes(stacks: pd.DataFrame) -> dict[str, claims.Outcome]:
+    """The outcomes that rest on the stacks (second frame of :func:`stack_runs`): Theorem 2.2
+    (dot-product stacks), Conjecture 3.4 (super-critical fixed metrics with ``sigma_U^2 > 0``
+    against the homogeneous control; supported if any setting supports it) and the sub-critical
+    half of Conjecture 3.6 (sub-critical fixed metrics against the Euclidean stack; supported
+    only if every setting does)."""
     dot = stacks[stacks["score"] == "dot"].dropna(subset=["growth"])
     growth = stats.mean_interval(dot["growth"] - 1) if len(dot) else None
     thm = claims.outcome_from_verdict(
@@ -296,14 +307,14 @@ def chapter_outcomes(
         scale=None,
     )
     verdicts = stack_verdicts(stacks)
+    if verdicts.empty:
+        verdicts = pd.DataFrame(columns=["regime", "control", "spread", "outcome", "effect"])
     sup = verdicts[
         (verdicts["regime"] == "super-critical") & (verdicts["control"] == "homogeneous")
     ]
     sub = verdicts[(verdicts["regime"] == "sub-critical") & (verdicts["control"] == "euclidean")]
     return {
         "riemannian/thm-2.2": thm,
-        "riemannian/prop-3.5": prop,
-        "riemannian/conj-3.6": transition,
         "riemannian/conj-3.4": _combined(
             sup[sup["spread"] > 0],
             "effective rank at the last layer, fixed heterogeneous metrics (sigma_U^2 > 0) minus "
