@@ -130,8 +130,8 @@ viz.show(fig)
 # %% [markdown]
 # **Explore.** Choose the head width $d$ and the metric rank $r$: the ranks are recomputed
 # (one draw per length, seeded by $d$ and $r$) against the theorem's bound $d(d+1)/2$ and the
-# generic rank $(d+1)(d+2)$. The rank $r$ moves nothing: every heterogeneous curve bends at
-# $(d+1)(d+2)$.
+# generic rank $(d+1)(d+2)$. Watch where the heterogeneous curve bends as $d$ moves, and whether
+# $r$ moves it.
 
 
 # %%
@@ -145,14 +145,11 @@ def rank_view(d, r):
     return fig.update_layout(title=f"Rank of the score matrix, d = {d}, r = {r}")
 
 
-viz.explore(
-    rank_view,
-    {
-        "d": viz.slider(dims, focus_d, live_range=(2, 8)),
-        "r": viz.slider(ranks, ranks[0], live_range=(1, 6)),
-    },
-    main=True,
-)
+controls = {
+    "d": viz.slider(dims, focus_d, live_range=(2, 8)),
+    "r": viz.slider(ranks, ranks[0], live_range=(1, 6)),
+}
+viz.explore(rank_view, controls, main=True)
 
 # %% [markdown]
 # The rank is not a tolerance artefact: the singular values fall off a cliff right after the
@@ -221,9 +218,8 @@ viz.markdown(
 # ## How much heterogeneity does it take?
 #
 # Between one shared metric (rank $d+2$) and a different metric for every token, let the $L$
-# tokens share $m$ distinct metric factors (assigned at random). The rank grows with $m$ and
-# saturates at $(d+1)(d+2)$: the number of distinct metrics, not their rank, is what lifts the
-# score matrix out of the Gram family.
+# tokens share $m$ distinct rank-one metric factors (assigned at random): how fast does the rank
+# grow with $m$, and where does it stop?
 
 # %%
 d = focus_d

@@ -234,8 +234,8 @@ viz.markdown(
 # **Explore.** Move the metric strength $\bar U^2/\tau$ and the query-key spread $M =
 # \max_{ij}\lVert q_i - k_j\rVert^2$ of one instance ($L = 64$): the leading singular values of the
 # Riemannian and the Euclidean attention matrices, with the band eq. (13) allows around the
-# Euclidean ones. The entry scale is their product; the band is vacuous long before the
-# spectrum moves.
+# Euclidean ones. The entry scale is their product: compare where the band grows wider than the
+# spectrum itself with where the spectrum moves.
 
 
 # %%
@@ -254,20 +254,12 @@ def spectrum_view(strength, M):
     )
 
 
-viz.explore(
-    spectrum_view,
-    {
-        "strength": viz.slider(
-            [1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0],
-            1.0,
-            live_range=(1e-5, 1e3),
-            log=True,
-            label="U-bar^2 / tau",
-        ),  # fmt: skip
-        "M": viz.slider([0.25, 1.0, 4.0, 16.0], 4.0, live_range=(0.05, 20.0), log=True),
-    },
-    main=True,
-)
+strengths = [1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0]
+controls = {
+    "strength": viz.slider(strengths, 1.0, live_range=(1e-5, 1e3), log=True, label="U-bar^2 / tau"),
+    "M": viz.slider([0.25, 1.0, 4.0, 16.0], 4.0, live_range=(0.05, 20.0), log=True),
+}
+viz.explore(spectrum_view, controls, main=True)
 
 # %% [markdown]
 # ## Rank collapse in pure attention stacks

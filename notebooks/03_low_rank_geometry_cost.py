@@ -23,11 +23,11 @@
 # * **Proposition 4.3**: score computation costs $O(BL^2 d) + O(BL^2 r)$, an overhead ratio
 #   $O(r/d) \ll 1$ over dot-product attention.
 #
-# The identities are right; the cost claim is not. $U_i^\top k_j$ pairs token $i$'s metric with
-# token $j$'s key, so it cannot be computed per token: it is an $r$-vector **per pair**, $O(d r)$
-# work, and so is $U_j^\top q_i$. The honest count is $(2r + 1) d$ multiply-adds per pair
-# against $d$ for a dot product: an overhead of about $2r$, not $r/d$. This chapter checks the
-# identities in float64, then measures.
+# Note what the pairwise term needs: $U_i^\top k_j$ pairs token $i$'s metric with token $j$'s
+# key, so it is an $r$-vector **per pair**, $O(d r)$ work to form, and so is $U_j^\top q_i$.
+# Counted by hand that is $(2r + 1) d$ multiply-adds per pair against $d$ for a dot product,
+# not $d + r$. This chapter checks the identities in float64, counts the work exactly, then
+# measures.
 
 # %% tags=["parameters"]
 lengths = [128, 256, 512]  # L of the cost-versus-length sweep (d 16, r 4)
@@ -149,15 +149,12 @@ def flops_view(d, r, L):
     return fig.update_layout(title=title, yaxis_type="log", yaxis_title="FLOPs (matrix products)")
 
 
-viz.explore(
-    flops_view,
-    {
-        "d": viz.slider([16, 32, 64, 128], 32, live_range=(2, 256)),
-        "r": viz.slider([1, 4, 16], 4, live_range=(1, 64)),
-        "L": viz.slider([256, 4096], 4096, live_range=(16, 16384)),
-    },
-    main=True,
-)
+controls = {
+    "d": viz.slider([16, 32, 64, 128], 32, live_range=(2, 256)),
+    "r": viz.slider([1, 4, 16], 4, live_range=(1, 64)),
+    "L": viz.slider([256, 4096], 4096, live_range=(16, 16384)),
+}
+viz.explore(flops_view, controls, main=True)
 
 # %%
 wflops = rc.woodbury_flops()

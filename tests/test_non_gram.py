@@ -197,6 +197,10 @@ def test_outcomes_cover_every_non_gram_claim_and_match_the_chapter():
     chapter = repo_root() / "notebooks" / "01_non_gram_scores.py"
     assert chapter_parameters(chapter) == ng.BOOK  # the register runs the chapter's sizes
     assert chapter_smoke(chapter) == ng.SMOKE
+    headings = chapter.read_text()
+    for c in claims.CLAIMS:
+        if c.key in mine:  # the claim's section is a heading of its chapter
+            assert f"# ## {c.section}\n" in headings, c.section
 
 
 def test_chapter_outcomes_contradict_a_rank_below_the_bound():

@@ -301,3 +301,7 @@ def test_outcomes_cover_every_rank_collapse_claim_and_match_the_chapter():
     chapter = repo_root() / "notebooks" / "02_perturbation_and_rank_collapse.py"
     assert chapter_parameters(chapter) == rc.BOOK  # the register runs the chapter's sizes
     assert chapter_smoke(chapter) == rc.SMOKE
+    headings = chapter.read_text()
+    for c in claims.CLAIMS:
+        if c.key in mine:  # the claim's section is a heading of its chapter
+            assert f"# ## {c.section}\n" in headings, c.section

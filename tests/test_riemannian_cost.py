@@ -160,6 +160,12 @@ def test_outcomes_cover_every_cost_claim_and_fail_on_broken_inputs():
     assert set(found) == mine and all(isinstance(o, claims.Outcome) for o in found.values())
     assert found["riemannian/prop-4.1"].outcome == "supported"
     assert found["riemannian/prop-4.3"].outcome == "contradicted"  # 2r + 1, not 1 + r/d
+    from attention_atlas.notebooks.chapters import repo_root
+
+    headings = (repo_root() / "notebooks" / "03_low_rank_geometry_cost.py").read_text()
+    for c in claims.CLAIMS:
+        if c.key in mine:  # the claim's section is a heading of its chapter
+            assert f"# ## {c.section}\n" in headings, c.section
     g = torch.Generator().manual_seed(0)
     wood, ident = rc.woodbury_identities(generator=g), rc.score_identities(generator=g)
     flops, wflops = rc.flop_ratios(), rc.woodbury_flops()
