@@ -168,6 +168,8 @@ def test_corollary_3_3_rows_sum_to_one_and_heterogeneous_softmax_needs_d2_3d_1()
     full = check[~check["causal"]].set_index("kind")["softmax_dim"]
     assert full["homogeneous"] == 3 + 1 and full["heterogeneous"] == augmented_dim(3) == 19
     assert ng.corollary_holds(check)
+    with pytest.raises(ValueError, match="L must exceed"):
+        ng.corollary_check(generator=torch.Generator().manual_seed(6), rtol=RTOL, L=20, d=3)
 
 
 @pytest.mark.parametrize(

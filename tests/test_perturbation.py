@@ -137,6 +137,10 @@ def test_onset_interpolates_linearly_against_log_scale():
     assert pt.onset(s, [0.0, -0.02, 0.2]) == pytest.approx(10.0 ** (1 + w), rel=1e-12)
     assert math.isnan(pt.onset(s, [0.0, 0.01, 0.04]))
     assert pt.onset(s, [0.3, 0.4, 0.5]) == 1.0
+    with pytest.raises(ValueError, match="one length"):
+        pt.onset(s, [0.1, 0.2])
+    with pytest.raises(ValueError, match="L must be"):
+        pt.unit_instance(1, 0)
 
 
 def synthetic_onsets(slopes: dict[int, float], lengths=(32, 64, 128, 256)) -> pd.DataFrame:

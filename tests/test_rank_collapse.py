@@ -305,3 +305,12 @@ def test_outcomes_cover_every_rank_collapse_claim_and_match_the_chapter():
     for c in claims.CLAIMS:
         if c.key in mine:  # the claim's section is a heading of its chapter
             assert f"# ## {c.section}\n" in headings, c.section
+
+
+def test_chapter_grid_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="entries must be"):
+        rc.chapter_grid(entries=[-1.0])
+    with pytest.raises(ValueError, match="spreads must lie"):
+        rc.chapter_grid(spreads=[1.0])
+    with pytest.raises(ValueError, match="length 1"):
+        rc.chapter_grid(length=1)

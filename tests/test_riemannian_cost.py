@@ -80,6 +80,8 @@ def test_woodbury_flops_are_2d_r2_plus_2r_per_token():
     w = rc.woodbury_flops(dims=(8, 100), ranks=(1, 5))
     assert list(w["flops"]) == [2 * d * (r * r + 2 * r) for d in (8, 100) for r in (1, 5)]
     assert (w["flops"] == w["count"]).all()
+    with pytest.raises(ValueError, match="dims and ranks"):
+        rc.woodbury_flops(dims=(0,))
 
 
 def test_score_paths_agree_with_the_definition():

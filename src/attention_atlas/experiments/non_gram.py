@@ -276,6 +276,11 @@ def corollary_check(
         ``above_diagonal`` (max ``|A_ij|``, ``j > i``), ``softmax_dim`` (non-causal rows; NaN for
         causal ones, whose zeros have no logarithm) and ``expected_dim``.
     """
+    if L <= augmented_dim(d) + 1:
+        raise ValueError(
+            f"L must exceed d^2 + 3d + 2 = {augmented_dim(d) + 1} for d = {d} (else every softmax "
+            f"dimension is L - 1), got L = {L}"
+        )
     rows = []
     for kind in ("homogeneous", "heterogeneous"):
         q, k, U = score_inputs(L, d, r, kind, generator)

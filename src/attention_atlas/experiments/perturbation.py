@@ -196,6 +196,10 @@ def unit_instance(
     """:func:`instance` with unit-norm queries and keys and heterogeneous factors rescaled to
     entry scale 1 (``perturbation_entry_scale(q, k, U1, tau) == 1``), so that ``sqrt(s) U1`` has
     entry scale ``s``; drawn from ``torch.Generator().manual_seed(1000 * seed + L)``."""
+    if not isinstance(L, int) or L < 2:
+        raise ValueError(f"L must be an integer >= 2, got {L!r}")
+    if not (tau > 0 and math.isfinite(tau)):
+        raise ValueError(f"tau must be a positive number, got {tau!r}")
     g = torch.Generator().manual_seed(1000 * seed + L)
     q, k, U = instance(L, d, r, 1.0, tau, generator=g)
     return q, k, U / perturbation_entry_scale(q, k, U, tau).sqrt()
@@ -270,6 +274,12 @@ def onset(scales: Sequence[float], change: Sequence[float], delta: float = ONSET
     ``|change|`` against ``log s`` between grid points (NaN if it never does; the first scale if
     it starts there)."""
     s, a = np.asarray(scales, dtype=float), np.abs(np.asarray(change, dtype=float))
+    if s.shape != a.shape or s.ndim != 1:
+        raise ValueError(
+            f"scales and change must be 1-D of one length, got {s.shape} and {a.shape}"
+        )
+    if not delta > 0:
+        raise ValueError(f"delta must be positive, got {delta!r}")
     hit = np.nonzero(a >= delta)[0]
     if len(hit) == 0:
         return float("nan")

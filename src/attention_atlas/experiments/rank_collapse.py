@@ -92,6 +92,15 @@ def chapter_grid(
     """Stacks of chapter 2: ``dot``, ``euclidean``, then for each mean entry scale ``s``:
     ``homogeneous r=<r> s=<s>`` and ``fixed r=<r> rho=<rho> s=<s>`` for each rank and spread, and
     ``token r=<token_rank> s=<s>``."""
+    if any(not (s >= 0 and math.isfinite(s)) for s in entries):
+        raise ValueError(f"entries must be non-negative numbers, got {list(entries)}")
+    if any(not 0 <= rho < 1 for rho in spreads):
+        raise ValueError(f"spreads must lie in [0, 1), got {list(spreads)}")
+    if any(r < 1 for r in (*ranks, token_rank)) or length < 2 or dim < 1 or depth < 1:
+        raise ValueError(
+            f"ranks, dim and depth must be >= 1 and length >= 2, got ranks {list(ranks)}, "
+            f"token_rank {token_rank}, length {length}, dim {dim}, depth {depth}"
+        )
     shared = {"length": length, "dim": dim, "depth": depth}
     grid = {
         "dot": {"score": "dot", "entry": 0.0, "rank": 1, "spread": 0.0, **shared},

@@ -187,6 +187,10 @@ def woodbury_flops(
         columns ``d, r, flops``, ``count`` and ``dense_cholesky`` (``d^3 / 3``, the solve that
         Woodbury replaces).
     """
+    if any(not isinstance(v, int) or v < 1 for v in (*dims, *ranks)):
+        raise ValueError(
+            f"dims and ranks must be positive integers, got {list(dims)}, {list(ranks)}"
+        )
     rows = []
     for d in dims:
         for r in ranks:
