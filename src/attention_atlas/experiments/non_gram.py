@@ -271,7 +271,7 @@ def corollary_check(
     ``d + 1``, heterogeneous metrics ``d^2 + 3d + 1`` once ``L`` exceeds it).
 
     Returns:
-        one row per ``(kind, causal)``: ``row_error`` (max ``|row sum - 1|``), ``rounding``
+        one row per ``(kind, causal)``: ``d``, ``row_error`` (max ``|row sum - 1|``), ``rounding``
         (``L`` float64 epsilons, the rounding allowance of a sum of ``L`` terms), ``min_entry``,
         ``above_diagonal`` (max ``|A_ij|``, ``j > i``), ``softmax_dim`` (non-causal rows; NaN for
         causal ones, whose zeros have no logarithm) and ``expected_dim``.
@@ -288,7 +288,7 @@ def corollary_check(
         for causal in (False, True):
             _, A, _ = geodesic_attention_reference(q, k, v, U, 1.0, causal)
             rows.append({
-                "kind": kind, "causal": causal,
+                "kind": kind, "causal": causal, "d": d,
                 "row_error": float((A.sum(-1) - 1).abs().max()),
                 "rounding": L * torch.finfo(F64).eps,
                 "min_entry": float(A.min()),
@@ -352,7 +352,7 @@ def chapter_outcomes(
         f"rows of softmax(S) sum to 1 within {check['row_error'].max():.1e} (allowance "
         f"{check['rounding'].iloc[0]:.1e}), causal ones are zero above the diagonal, and with "
         f"heterogeneous metrics A = softmax(Q' K'^T) needs d' = {het['softmax_dim']:.0f} = "
-        f"d^2 + 3d + 1 (one shared metric: d + 1)",
+        f"d^2 + 3d + 1 at d = {het['d']:.0f} (one shared metric: d + 1)",
         "a row of softmax(S) is off 1 beyond rounding, or the softmax dimension differs from "
         f"d + 1 / d^2 + 3d + 1: {check[['kind', 'causal', 'row_error', 'softmax_dim']].to_dict('records')}",
     )
