@@ -25,12 +25,12 @@ import torch.nn.functional as F
 
 from attention_atlas.attention import riemannian as R
 from attention_atlas.bench import compare, format_table
-from attention_atlas.experiments.riemannian_cost import (
+from attention_atlas.experiments.riemannian_bench import (
     attention_inputs,
     attention_paths,
     peak_memory_at,
-    woodbury_vs_dense,
 )
+from attention_atlas.experiments.riemannian_cost import woodbury_vs_dense
 
 
 def accuracy(L: int, causal: bool) -> dict[str, float]:

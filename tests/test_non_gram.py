@@ -3,8 +3,6 @@ explicit separable expansion of the score and numpy's rank."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -139,11 +137,80 @@ def test_one_shared_metric_is_a_gram_matrix_plus_a_row_constant():
     assert form["rank"] == 4 + 2 and form["rank_row_centred"] == 4 + 1
 
 
-def test_attention_is_row_stochastic_and_causal_attention_lower_triangular():
-    table = ng.row_stochastic_check(generator=torch.Generator().manual_seed(6), L=20)
-    assert list(table["causal"]) == [False, True]
-    assert (table["row_error"] < 1e-12).all() and (table["min_entry"] >= 0).all()
-    causal = table[table["causal"]].iloc[0]
-    assert causal["above_diagonal"] == 0.0
-    assert table[~table["causal"]].iloc[0]["above_diagonal"] > 0  # full attention looks ahead
-    assert math.isfinite(float(table["min_entry"].min()))
+def test_softmax_gram_dim_is_the_inner_dimension_of_a_softmax_of_a_gram_form():
+    # A = softmax(Q K^T + row constants) with Q, K (L, m): the smallest d' is m (for m < L - 1);
+    # a different row constant per row changes nothing, as softmax ignores it
+    g = torch.Generator().manual_seed(7)
+    L = 30
+    for m in (1, 3, 8):
+        Q, K = torch.randn(L, m, generator=g, dtype=DT), torch.randn(L, m, generator=g, dtype=DT)
+        c = torch.randn(L, 1, generator=g, dtype=DT) * 5
+        A = torch.softmax(Q @ K.T + c, -1)
+        assert ng.softmax_gram_dim(A, RTOL) == m
+    # a generic positive row-stochastic matrix needs the full L - 1
+    A = torch.softmax(torch.randn(L, L, generator=g, dtype=DT), -1)
+    assert ng.softmax_gram_dim(A, RTOL) == L - 1
+    with pytest.raises(ValueError, match="positive entries"):
+        ng.softmax_gram_dim(torch.tril(A), RTOL)
+    with pytest.raises(ValueError, match="square"):
+        ng.softmax_gram_dim(A[:, :5], RTOL)
+
+
+def test_corollary_3_3_rows_sum_to_one_and_heterogeneous_softmax_needs_d2_3d_1():
+    check = ng.corollary_check(generator=torch.Generator().manual_seed(6), rtol=RTOL, L=48, d=3)
+    assert list(zip(check["kind"], check["causal"])) == [
+        ("homogeneous", False), ("homogeneous", True),
+        ("heterogeneous", False), ("heterogeneous", True),
+    ]  # fmt: skip
+    assert (check["row_error"] <= 48 * 2.0**-52).all() and (check["min_entry"] >= 0).all()
+    assert (check[check["causal"]]["above_diagonal"] == 0).all()
+    assert (check[~check["causal"]]["above_diagonal"] > 0).all()  # full attention looks ahead
+    full = check[~check["causal"]].set_index("kind")["softmax_dim"]
+    assert full["homogeneous"] == 3 + 1 and full["heterogeneous"] == augmented_dim(3) == 19
+    assert ng.corollary_holds(check)
+    with pytest.raises(ValueError, match="L must exceed"):
+        ng.corollary_check(generator=torch.Generator().manual_seed(6), rtol=RTOL, L=20, d=3)
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"row_error": 1e-9},  # a row off 1 beyond the rounding of L terms
+        {"min_entry": -1e-3},
+        {"softmax_dim": 5.0},  # heterogeneous softmax of an O(d) Gram form
+    ],
+)
+def test_corollary_holds_fails_on_a_broken_check(broken):
+    check = ng.corollary_check(generator=torch.Generator().manual_seed(6), rtol=RTOL, L=48, d=3)
+    row = (check["kind"] == "heterogeneous") & ~check["causal"]
+    for col, value in broken.items():
+        check.loc[row, col] = value
+    assert not ng.corollary_holds(check)
+
+
+def test_outcomes_cover_every_non_gram_claim_and_match_the_chapter():
+    from attention_atlas import claims
+    from attention_atlas.notebooks.chapters import chapter_parameters, chapter_smoke, repo_root
+
+    mine = {c.key for c in claims.CLAIMS if c.module.endswith(".non_gram")}
+    found = ng.outcomes(smoke=True)
+    assert set(found) == mine and all(isinstance(o, claims.Outcome) for o in found.values())
+    assert all(o.outcome == "supported" for o in found.values()), found
+    chapter = repo_root() / "notebooks" / "01_non_gram_scores.py"
+    assert chapter_parameters(chapter) == ng.BOOK  # the register runs the chapter's sizes
+    assert chapter_smoke(chapter) == ng.SMOKE
+    headings = chapter.read_text()
+    for c in claims.CLAIMS:
+        if c.key in mine:  # the claim's section is a heading of its chapter
+            assert f"# ## {c.section}\n" in headings, c.section
+
+
+def test_chapter_outcomes_contradict_a_rank_below_the_bound():
+    draws = ng.rank_draws([3], [1], 2, generator=torch.Generator().manual_seed(3), rtol=RTOL)
+    form = ng.homogeneous_gram_form(4, 30, 1.3, generator=torch.Generator().manual_seed(5), rtol=RTOL)  # fmt: skip
+    check = ng.corollary_check(generator=torch.Generator().manual_seed(6), rtol=RTOL)
+    assert ng.chapter_outcomes(draws, form, check, d_gram=4)["riemannian/thm-3.2"].outcome == "supported"  # fmt: skip
+    low = draws.assign(rank=draws["theorem_bound"] - 1)
+    found = ng.chapter_outcomes(low, {**form, "rank": 5.0}, check, d_gram=4)
+    assert found["riemannian/thm-3.2"].outcome == "contradicted"
+    assert found["riemannian/thm-3.2-homogeneous"].outcome == "contradicted"

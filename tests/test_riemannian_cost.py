@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from attention_atlas.attention.riemannian import geodesic_attention_reference
+from attention_atlas.bench import count_flops
+from attention_atlas.experiments import riemannian_bench as rb
 from attention_atlas.experiments import riemannian_cost as rc
 
 DT = torch.float64
@@ -49,12 +51,37 @@ def test_eq16_flops_are_2r_plus_1_dot_products_per_pair():
     # counted: q.k (2 L^2 d), U_i^T k_j and U_j^T q_i (2 L^2 d r each), and per-token U^T q,
     # U^T k (2 L d r each): a ratio (2r + 1) + 2r / L, far from Proposition 4.3's 1 + r / d
     L = 64
-    flops = rc.flop_ratios(dims=(8, 32), ranks=(1, 4), generator=torch.Generator().manual_seed(2), length=L)  # fmt: skip
+    flops = rc.flop_ratios(dims=(8, 32), ranks=(1, 4), length=L)
     assert len(flops) == 4
     r = flops["r"]
     assert (flops["eq16_over_dot"] >= 2 * r + 1).all()
     assert (flops["eq16_over_dot"] <= 2 * r + 1 + 4 * r / L).all()
     assert np.allclose(flops["paper_1_plus_r_over_d"], 1 + r / flops["d"])
+    # the metric terms: 2 r d multiply-adds per pair (4 r d FLOPs) and 4 L d r per-token FLOPs
+    assert np.allclose(flops["metric_per_pair"], 4 * r * flops["d"] + 4 * r * flops["d"] / L)
+
+
+def test_path_flops_count_every_product_by_hand_on_shape_only_tensors():
+    for d, r, L in ((4, 1, 16), (16, 4, 100), (64, 8, 4096)):
+        f = rc.path_flops(d, r, L)
+        assert f["dot"] == 2 * L * L * d
+        assert f["eq16_decomposed"] == 2 * L * L * d * (2 * r + 1) + 4 * L * d * r
+        # the same count as real tensors (checked at the small sizes)
+        if L <= 100:
+            q, k = torch.randn(1, 1, L, d), torch.randn(1, 1, L, d)
+            U = torch.randn(1, 1, L, d, r)
+            real = {n: count_flops(fn, q, k, U) for n, fn in rc.score_paths(1.0).items()}
+            assert real == f
+    with pytest.raises(ValueError, match="d must be a positive integer"):
+        rc.path_flops(0, 1, 8)
+
+
+def test_woodbury_flops_are_2d_r2_plus_2r_per_token():
+    w = rc.woodbury_flops(dims=(8, 100), ranks=(1, 5))
+    assert list(w["flops"]) == [2 * d * (r * r + 2 * r) for d in (8, 100) for r in (1, 5)]
+    assert (w["flops"] == w["count"]).all()
+    with pytest.raises(ValueError, match="dims and ranks"):
+        rc.woodbury_flops(dims=(0,))
 
 
 def test_score_paths_agree_with_the_definition():
@@ -91,28 +118,67 @@ def test_marginal_fit_recovers_a_line():
 
 
 def test_attention_paths_match_the_reference_in_float64():
-    q, k, v, U = rc.attention_inputs(1, 2, 24, 4, 2, dtype=DT, seed=7)
+    q, k, v, U = rb.attention_inputs(1, 2, 24, 4, 2, dtype=DT, seed=7)
     assert all(t.requires_grad for t in (q, k, v, U))
     tau = math.sqrt(8)
     for causal in (False, True):
         ref = geodesic_attention_reference(q, k, v, U, tau, causal)[0].detach()
-        paths = rc.attention_paths(tau, causal)
+        paths = rb.attention_paths(tau, causal)
         for name in ("geodesic_augmented", "geodesic_sdpa_padded", "geodesic_lowrank"):
             out = paths[name](q, k, v, U).detach()
             assert float((out - ref).abs().max()) < 1e-10, (name, causal)
 
 
 def test_live_attention_and_woodbury_measurements_report_their_errors():
-    live = rc.live_attention(32, reps=1, generator=torch.Generator().manual_seed(8))
+    live = rb.live_attention(32, reps=1, generator=torch.Generator().manual_seed(8))
     assert live["max_abs_diff"] < 1e-4 and live["peak_MiB"] > 0
     assert set(live) == {"forward_ratio", "fwd_bwd_ratio", "threads", "peak_MiB", "max_abs_diff"}
     wood = rc.woodbury_vs_dense(2, reps=1, generator=torch.Generator().manual_seed(9), d=48, r=3)
     assert wood["rel_err"] < 1e-12
     res = wood["compare"]["results"]
     assert wood["speedup"] == 1 / res["woodbury"]["forward"]["ratio_median"]
-    assert rc.peak_memory_at(64, d=4, r=2, heads=1).keys() == {
+    assert rb.peak_memory_at(64, d=4, r=2, heads=1).keys() == {
         "sdpa", "geodesic_augmented", "geodesic_sdpa_padded",
     }  # fmt: skip
+
+
+def test_memory_scaling_sees_the_references_quadratic_memory():
+    # the instrument's positive control: the materialised reference stores (L, L) and (L, L, r)
+    # tensors, so its peak memory grows as L^2, and the fast path's linearly
+    frame, slopes = rb.memory_scaling([64, 128, 256], d=4, r=2)
+    assert set(frame["path"]) == {"sdpa", "geodesic_augmented", "geodesic_sdpa_padded", "reference"}
+    ref = frame[frame["path"] == "reference"].sort_values("L")["MiB"].to_numpy()
+    assert slopes["reference"] == pytest.approx(np.polyfit(np.log([64, 128, 256]), np.log(ref), 1)[0])  # fmt: skip
+    assert slopes["reference"] > 1.8 and slopes["geodesic_augmented"] < 1.2
+    with pytest.raises(ValueError, match="at least two lengths"):
+        rb.memory_scaling([64])
+
+
+def test_outcomes_cover_every_cost_claim_and_fail_on_broken_inputs():
+    from attention_atlas import claims
+
+    mine = {c.key for c in claims.CLAIMS if c.module.endswith(".riemannian_cost")}
+    found = rc.outcomes(smoke=True)
+    assert set(found) == mine and all(isinstance(o, claims.Outcome) for o in found.values())
+    assert found["riemannian/prop-4.1"].outcome == "supported"
+    assert found["riemannian/prop-4.3"].outcome == "contradicted"  # 2r + 1, not 1 + r/d
+    from attention_atlas.notebooks.chapters import repo_root
+
+    headings = (repo_root() / "notebooks" / "03_low_rank_geometry_cost.py").read_text()
+    for c in claims.CLAIMS:
+        if c.key in mine:  # the claim's section is a heading of its chapter
+            assert f"# ## {c.section}\n" in headings, c.section
+    g = torch.Generator().manual_seed(0)
+    wood, ident = rc.woodbury_identities(generator=g), rc.score_identities(generator=g)
+    flops, wflops = rc.flop_ratios(), rc.woodbury_flops()
+    broken = rc.chapter_outcomes(wood + 1e-6, ident + 1e-6, flops, wflops.assign(flops=wflops["flops"] + 1))  # fmt: skip
+    assert broken["riemannian/prop-4.1"].outcome == "contradicted"
+    assert broken["riemannian/prop-4.2"].outcome == "contradicted"
+    # a count that did match 1 + r/d (and did not grow with d) would support 4.2-cost and 4.3
+    paper = flops.assign(eq16_over_dot=flops["paper_1_plus_r_over_d"], metric_per_pair=2.0 * flops["r"])  # fmt: skip
+    fake = rc.chapter_outcomes(wood, ident, paper, wflops)
+    assert fake["riemannian/prop-4.3"].outcome == "supported"
+    assert fake["riemannian/prop-4.2-cost"].outcome == "supported"
 
 
 def test_benchmark_artifact_is_read_into_tables(tmp_path):
@@ -126,15 +192,15 @@ def test_benchmark_artifact_is_read_into_tables(tmp_path):
         "peak_memory_bytes_fwd_bwd_B1_H2": {"2048": {"sdpa": 2 * 2**20}, "1024": {"sdpa": 2**20}},
     }  # fmt: skip
     path = tmp_path / "riemannian.json"
-    assert rc.load_benchmark(path) is None  # no file
+    assert rb.load_benchmark(path) is None  # no file
     path.write_text(json.dumps({"threads": 1}))
-    assert rc.load_benchmark(path) is None  # no SDPA comparison in it
+    assert rb.load_benchmark(path) is None  # no SDPA comparison in it
     path.write_text(json.dumps(bench))
-    loaded = rc.load_benchmark(path)
+    loaded = rb.load_benchmark(path)
     assert loaded is not None
-    table = rc.benchmark_table(loaded)
+    table = rb.benchmark_table(loaded)
     assert list(table["causal"]) == [False, True]
     assert table.iloc[0]["peak_MiB"] == 1.0 and math.isnan(table.iloc[1]["peak_MiB"])
     assert table.iloc[1]["fwd_bwd_ratio"] == 11.0
-    assert rc.benchmark_memory(loaded) == ([1024, 2048], {"sdpa": [1.0, 2.0]})
-    assert rc.benchmark_memory({"threads": 1}) == ([], {})
+    assert rb.benchmark_memory(loaded) == ([1024, 2048], {"sdpa": [1.0, 2.0]})
+    assert rb.benchmark_memory({"threads": 1}) == ([], {})

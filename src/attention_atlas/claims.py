@@ -208,7 +208,7 @@ CLAIMS: list[Claim] = [
         "Scores with heterogeneous per-token metrics admit no universal factorisation "
         "phi_i . psi_j of dimension O(d).",
         C1,
-        "What rank should we expect?",
+        "Many draws, every metric rank",
         "non_gram",
     ),
     _c(
@@ -224,9 +224,10 @@ CLAIMS: list[Claim] = [
         "riemannian/cor-3.3",
         "Corollary 3.3",
         "theorem",
-        "The Riemannian attention matrix softmax(S) stays row-stochastic.",
+        "The Riemannian attention matrix softmax(S) stays row-stochastic, and with heterogeneous "
+        "metrics it is not softmax(Q' K'^T) for any factors of dimension O(d).",
         C1,
-        "Corollary 3.3: still row-stochastic",
+        "Corollary 3.3: row-stochastic, but not a softmax of a Gram form",
         "non_gram",
     ),
     _c(
@@ -246,7 +247,17 @@ CLAIMS: list[Claim] = [
         "The spectrum of A moves from Euclidean-like to geometric at a critical metric strength "
         "U-bar^2 = Theta(tau / L).",
         C2,
-        "Where does the spectrum of $A$ move? (Conjecture 3.6, prediction P1)",
+        "Where does the spectrum of $A$ move? (Conjecture 3.6)",
+        "rank_collapse",
+    ),
+    _c(
+        "riemannian/conj-3.6-sub",
+        "Conjecture 3.6 (sub-critical regime)",
+        "conjecture",
+        "Below the critical strength the Riemannian attention is a perturbation of the Euclidean "
+        "one and rank collapse proceeds as in Theorem 2.2.",
+        C2,
+        "Metrics that do not follow the tokens: Conjectures 3.4 and 3.6 in deep stacks",
         "rank_collapse",
     ),
     _c(
@@ -256,7 +267,7 @@ CLAIMS: list[Claim] = [
         "With metric diversity sigma_U^2 > 0 and rank r >= r_min, a pure Riemannian attention "
         "stack keeps its effective rank above a bound f(r, sigma_U^2) > 1 at every depth.",
         C2,
-        "Rank collapse in pure attention stacks",
+        "Metrics that do not follow the tokens: Conjectures 3.4 and 3.6 in deep stacks",
         "rank_collapse",
     ),
     _c(

@@ -19,14 +19,16 @@ Ranks are :func:`attention_atlas.linalg.numerical_rank` at relative tolerance ``
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
+from .. import claims
 from ..attention.riemannian import (
+    augmented_dim,
     geodesic_attention_reference,
     geodesic_features,
     geodesic_scores,
@@ -35,7 +37,13 @@ from ..attention.riemannian import (
 from ..linalg import numerical_rank, singular_values
 
 __all__ = [
+    "BOOK",
+    "GRAM_D",
     "KINDS",
+    "SMOKE",
+    "chapter_outcomes",
+    "corollary_check",
+    "corollary_holds",
     "generic_rank",
     "heterogeneous_spectrum",
     "homogeneous_gram_form",
@@ -44,7 +52,8 @@ __all__ = [
     "rank_by_distinct_metrics",
     "rank_draws",
     "rank_table",
-    "row_stochastic_check",
+    "outcomes",
+    "softmax_gram_dim",
     "score_inputs",
     "score_matrix",
     "score_rank",
@@ -54,6 +63,8 @@ Kind = Literal["dot", "euclidean", "homogeneous", "heterogeneous"]
 #: the four kinds of score matrix the chapter compares
 KINDS: tuple[Kind, ...] = ("dot", "euclidean", "homogeneous", "heterogeneous")
 F64 = torch.float64
+#: the width of the chapter's homogeneous Gram-form check
+GRAM_D = 5
 
 
 def generic_rank(kind: Kind, d: int) -> int:
@@ -230,25 +241,137 @@ def homogeneous_gram_form(
     }
 
 
-def row_stochastic_check(
-    *, generator: torch.Generator, L: int = 64, d: int = 4, r: int = 2, scale: float = 3.0
+def softmax_gram_dim(A: Tensor, rtol: float) -> int:
+    """The smallest ``d'`` such that ``A = softmax(Q' K'^T)`` for some ``Q', K' (L, d')``, for a
+    row-stochastic ``A (L, L)`` with positive entries.
+
+    ``softmax(X) = softmax(Y)`` exactly when ``X - Y`` is constant along each row, so the answer
+    is the smallest rank of ``log A + c 1^T`` over row constants ``c``. Right-multiplying by the
+    centring projector ``P = I - 1 1^T / L`` gives ``(log A + c 1^T) P = (log A) P`` for every
+    ``c``, and ``c = -(log A) 1 / L`` attains it: the answer is the numerical rank of ``log A``
+    with each row's mean subtracted.
+    """
+    if A.dim() != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"A must be a square (L, L) matrix, got shape {tuple(A.shape)}")
+    if not bool((A > 0).all()):
+        raise ValueError(
+            "A must have positive entries (log A is needed), got a zero or negative entry"
+        )
+    logA = A.log()
+    return score_rank(logA - logA.mean(-1, keepdim=True), rtol)
+
+
+def corollary_check(
+    *, generator: torch.Generator, rtol: float, L: int = 64, d: int = 4, r: int = 2
 ) -> pd.DataFrame:
-    """Corollary 3.3: ``A = softmax(S)`` of heterogeneous metrics (factors times ``scale``) is
-    row-stochastic, and lower-triangular when causal.
+    """Corollary 3.3 on one draw of each metric kind (``"homogeneous"``, ``"heterogeneous"``),
+    non-causal and causal: ``A = softmax(S)`` (:func:`~attention_atlas.attention.riemannian.geodesic_attention_reference`,
+    ``tau = 1``) is row-stochastic, and with heterogeneous metrics it is not ``softmax(Q' K'^T)``
+    for factors of dimension ``O(d)`` (:func:`softmax_gram_dim`; one shared metric gives
+    ``d + 1``, heterogeneous metrics ``d^2 + 3d + 1`` once ``L`` exceeds it).
 
     Returns:
-        one row per ``causal`` in (False, True): ``row_error`` (max |row sum - 1|),
-        ``min_entry`` and ``above_diagonal`` (max |A_ij|, j > i).
+        one row per ``(kind, causal)``: ``d``, ``row_error`` (max ``|row sum - 1|``), ``rounding``
+        (``L`` float64 epsilons, the rounding allowance of a sum of ``L`` terms), ``min_entry``,
+        ``above_diagonal`` (max ``|A_ij|``, ``j > i``), ``softmax_dim`` (non-causal rows; NaN for
+        causal ones, whose zeros have no logarithm) and ``expected_dim``.
     """
-    q, k, U = score_inputs(L, d, r, "heterogeneous", generator)
-    v = torch.randn(L, 3, generator=generator, dtype=F64)
+    if L <= augmented_dim(d) + 1:
+        raise ValueError(
+            f"L must exceed d^2 + 3d + 2 = {augmented_dim(d) + 1} for d = {d} (else every softmax "
+            f"dimension is L - 1), got L = {L}"
+        )
     rows = []
-    for causal in (False, True):
-        _, A, _ = geodesic_attention_reference(q, k, v, scale * U, 1.0, causal)
-        rows.append({
-            "causal": causal,
-            "row_error": float((A.sum(-1) - 1).abs().max()),
-            "min_entry": float(A.min()),
-            "above_diagonal": float(A.triu(1).abs().max()),
-        })  # fmt: skip
+    for kind in ("homogeneous", "heterogeneous"):
+        q, k, U = score_inputs(L, d, r, kind, generator)
+        v = torch.randn(L, 3, generator=generator, dtype=F64)
+        for causal in (False, True):
+            _, A, _ = geodesic_attention_reference(q, k, v, U, 1.0, causal)
+            rows.append({
+                "kind": kind, "causal": causal, "d": d,
+                "row_error": float((A.sum(-1) - 1).abs().max()),
+                "rounding": L * torch.finfo(F64).eps,
+                "min_entry": float(A.min()),
+                "above_diagonal": float(A.triu(1).abs().max()),
+                "softmax_dim": float("nan") if causal else softmax_gram_dim(A, rtol),
+                "expected_dim": d + 1 if kind == "homogeneous" else augmented_dim(d),
+            })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def corollary_holds(check: pd.DataFrame) -> bool:
+    """Every row of :func:`corollary_check` row-stochastic within rounding, causal rows zero above
+    the diagonal, and the non-causal softmax dimension as expected (``d + 1`` for one shared
+    metric, ``d^2 + 3d + 1`` for heterogeneous metrics: not ``O(d)``)."""
+    causal = check[check["causal"]]
+    full = check[~check["causal"]]
+    return bool(
+        (check["row_error"] <= check["rounding"]).all()
+        and (check["min_entry"] >= 0).all()
+        and (causal["above_diagonal"] == 0).all()
+        and (full["softmax_dim"] == full["expected_dim"]).all()
+    )
+
+
+# ---- the claims register ---------------------------------------------------------------------
+
+#: the chapter's parameters (book) and its SMOKE values: :func:`outcomes` uses the same sizes
+BOOK: dict[str, Any] = {"dims": [2, 3, 4, 5, 6], "ranks": [1, 2, 3], "n_draws": 20, "rtol": 1e-9, "focus_d": 4, "seed": 0}  # fmt: skip
+SMOKE: dict[str, Any] = {"dims": [2, 3, 4], "ranks": [1, 2], "n_draws": 3, "focus_d": 3}
+
+
+def chapter_outcomes(
+    draws: pd.DataFrame, gram_form: dict[str, float], check: pd.DataFrame, *, d_gram: int
+) -> dict[str, claims.Outcome]:
+    """The outcome of every chapter-1 claim from the chapter's runs: ``draws``
+    (:func:`rank_draws`), ``gram_form`` (:func:`homogeneous_gram_form` at width ``d_gram``) and
+    ``check`` (:func:`corollary_check`)."""
+    ratio = draws["rank"] / draws["theorem_bound"]
+    thm = claims.outcome_from_check(
+        bool((draws["rank"] >= draws["theorem_bound"]).all()),
+        f"in all {len(draws)} draws (d in {sorted(map(int, draws['d'].unique()))}, r in "
+        f"{sorted(map(int, draws['r'].unique()))}) the heterogeneous score matrix has rank "
+        f"{ratio.min():.2f} to {ratio.max():.2f} times the bound d(d+1)/2 (generic rank "
+        f"(d+1)(d+2) in {int((draws['rank'] == draws['observed_generic']).sum())} of them)",
+        f"{int((draws['rank'] < draws['theorem_bound']).sum())} of {len(draws)} draws have rank "
+        "below d(d+1)/2",
+    )
+    homog = claims.outcome_from_check(
+        gram_form["rel_error"] < 1e-12
+        and gram_form["rank"] == d_gram + 2
+        and gram_form["rank_row_centred"] == d_gram + 1,
+        f"one shared metric at d = {d_gram}: the score is a Gram form of (d+1)-dimensional "
+        f"vectors plus a row constant (relative error {gram_form['rel_error']:.1e}), rank "
+        f"{gram_form['rank']:.0f} = d + 2",
+        f"one shared metric at d = {d_gram}: rank {gram_form['rank']:.0f}, row-centred "
+        f"{gram_form['rank_row_centred']:.0f}, Gram-form error {gram_form['rel_error']:.1e}",
+    )
+    het = check[(check["kind"] == "heterogeneous") & ~check["causal"]].iloc[0]
+    cor = claims.outcome_from_check(
+        corollary_holds(check),
+        f"rows of softmax(S) sum to 1 within {check['row_error'].max():.1e} (allowance "
+        f"{check['rounding'].iloc[0]:.1e}), causal ones are zero above the diagonal, and with "
+        f"heterogeneous metrics A = softmax(Q' K'^T) needs d' = {het['softmax_dim']:.0f} = "
+        f"d^2 + 3d + 1 at d = {het['d']:.0f} (one shared metric: d + 1)",
+        "a row of softmax(S) is off 1 beyond rounding, or the softmax dimension differs from "
+        f"d + 1 / d^2 + 3d + 1: {check[['kind', 'causal', 'row_error', 'softmax_dim']].to_dict('records')}",
+    )
+    return {
+        "riemannian/thm-3.2": thm,
+        "riemannian/thm-3.2-homogeneous": homog,
+        "riemannian/cor-3.3": cor,
+    }
+
+
+def outcomes(smoke: bool = False) -> dict[str, claims.Outcome]:
+    """Chapter 1's claims at the chapter's sizes (:data:`BOOK`; :data:`SMOKE` when ``smoke``):
+    the same draws and the same :func:`chapter_outcomes` as the chapter."""
+    p = {**BOOK, **(SMOKE if smoke else {})}
+
+    def gen() -> torch.Generator:
+        return torch.Generator().manual_seed(p["seed"])
+
+    draws = rank_draws(p["dims"], p["ranks"], p["n_draws"], generator=gen(), rtol=p["rtol"])
+    gram_form = homogeneous_gram_form(GRAM_D, 40, 1.7, generator=gen(), rtol=p["rtol"])
+    check = corollary_check(generator=gen(), rtol=p["rtol"])
+    return chapter_outcomes(draws, gram_form, check, d_gram=GRAM_D)

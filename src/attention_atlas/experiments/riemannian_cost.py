@@ -19,42 +19,35 @@ that calls them in order with one seeded generator reproduces its inputs exactly
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from .. import claims
 from ..attention.riemannian import (
     augmented_dim,
-    geodesic_attention,
-    geodesic_attention_reference,
     geodesic_scores,
     geodesic_scores_augmented,
     geodesic_scores_decomposed,
     geodesic_scores_dense,
 )
-from ..bench import compare, count_flops, peak_memory
+from ..bench import compare, count_flops
 from ..linalg import metric_dense, metric_inverse_apply, metric_inverse_dense, woodbury_inverse
 
 __all__ = [
-    "attention_inputs",
-    "attention_paths",
-    "benchmark_memory",
-    "benchmark_table",
+    "chapter_outcomes",
+    "outcomes",
+    "path_flops",
+    "woodbury_flops",
     "dense_solve",
     "flop_ratios",
-    "live_attention",
-    "load_benchmark",
     "marginal_fit",
     "marginal_rank_cost",
-    "peak_memory_at",
     "rel_error",
     "score_cost",
     "score_inputs",
@@ -141,30 +134,70 @@ def work_per_pair(
     ])  # fmt: skip
 
 
+def _meta(*shape: int) -> Tensor:
+    """A tensor of this shape with no data (``device="meta"``): FLOP counts need shapes only."""
+    return torch.empty(*shape, device="meta")
+
+
+def path_flops(d: int, r: int, L: int) -> dict[str, int]:
+    """Matrix-product FLOPs (:func:`~attention_atlas.bench.count_flops`, ``2 m n k`` per product)
+    of every :func:`score_paths` path for one ``(L, L)`` score matrix of width ``d`` and metric
+    rank ``r``, counted on shape-only tensors (instant at any size)."""
+    for name, v in (("d", d), ("r", r), ("L", L)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    q, k, U = _meta(1, 1, L, d), _meta(1, 1, L, d), _meta(1, 1, L, d, r)
+    return {name: count_flops(f, q, k, U) for name, f in score_paths(1.0).items()}
+
+
 def flop_ratios(
     dims: Sequence[int] = (16, 32, 64, 128),
     ranks: Sequence[int] = (1, 4, 8, 16),
     *,
-    generator: torch.Generator,
     length: int = 256,
 ) -> pd.DataFrame:
-    """Matrix-product FLOPs (:func:`~attention_atlas.bench.count_flops`) of the eq. (16) scores
-    over those of ``q @ k^T``, for ``length`` tokens of width ``d`` and metric rank ``r``.
+    """Matrix-product FLOPs (:func:`path_flops`) of the eq. (16) scores over those of
+    ``q @ k^T``, for ``length`` tokens of width ``d`` and metric rank ``r``.
 
     Returns:
-        columns ``d, r, eq16_over_dot``, ``count_2r_plus_1`` (the per-pair count) and
-        ``paper_1_plus_r_over_d`` (Proposition 4.3's).
+        columns ``d, r, eq16_over_dot``, ``count_2r_plus_1`` (the per-pair count),
+        ``paper_1_plus_r_over_d`` (Proposition 4.3's) and ``metric_per_pair`` (FLOPs per pair of
+        the metric terms: eq. (16) minus the dot product).
     """
     rows = []
     for d in dims:
         for r in ranks:
-            q, k = (torch.randn(1, 1, length, d, generator=generator) for _ in range(2))
-            U = torch.randn(1, 1, length, d, r, generator=generator)
-            dot = count_flops(lambda q, k: q @ k.transpose(-1, -2), q, k)
-            eq16 = count_flops(lambda q, k, U: geodesic_scores_decomposed(q, k, U, 1.0), q, k, U)
+            f = path_flops(d, r, length)
             rows.append({
-                "d": d, "r": r, "eq16_over_dot": eq16 / dot,
+                "d": d, "r": r, "eq16_over_dot": f["eq16_decomposed"] / f["dot"],
                 "count_2r_plus_1": 2 * r + 1, "paper_1_plus_r_over_d": 1 + r / d,
+                "metric_per_pair": (f["eq16_decomposed"] - f["dot"]) / length**2,
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def woodbury_flops(
+    dims: Sequence[int] = (64, 256, 1024), ranks: Sequence[int] = (1, 4, 8, 16)
+) -> pd.DataFrame:
+    """Matrix-product FLOPs of :func:`~attention_atlas.linalg.metric_inverse_apply` (Woodbury,
+    eq. (14)) for one token, against the count by hand ``2 d (r^2 + 2 r)`` (``U^T x``, ``U^T U``,
+    ``U c``; the ``r x r`` Cholesky is ``O(r^3)`` and not a matrix product).
+
+    Returns:
+        columns ``d, r, flops``, ``count`` and ``dense_cholesky`` (``d^3 / 3``, the solve that
+        Woodbury replaces).
+    """
+    if any(not isinstance(v, int) or v < 1 for v in (*dims, *ranks)):
+        raise ValueError(
+            f"dims and ranks must be positive integers, got {list(dims)}, {list(ranks)}"
+        )
+    rows = []
+    for d in dims:
+        for r in ranks:
+            U, x = torch.empty(1, d, r, device="meta", dtype=F64), torch.empty(1, d, device="meta", dtype=F64)  # fmt: skip
+            rows.append({
+                "d": d, "r": r, "flops": count_flops(metric_inverse_apply, U, x),
+                "count": 2 * d * (r * r + 2 * r), "dense_cholesky": d**3 / 3,
             })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -269,81 +302,6 @@ def marginal_fit(marginal: pd.DataFrame) -> tuple[float, float]:
     return float(a), float(b)
 
 
-# ---- geodesic attention against SDPA ----------------------------------------------------------
-
-
-def attention_inputs(
-    b: int, h: int, L: int, d: int, r: int, *, dtype: torch.dtype = torch.float32, seed: int = 0
-) -> list[Tensor]:
-    """``q, k, v (b, h, L, d)`` and ``U = 0.3 N(0, 1) / sqrt(d) (b, h, L, d, r)``, requiring grad."""
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, L, d, generator=g, dtype=dtype) for _ in range(3))
-    U = 0.3 * torch.randn(b, h, L, d, r, generator=g, dtype=dtype) / math.sqrt(d)
-    return [t.requires_grad_() for t in (q, k, v, U)]
-
-
-def attention_paths(tau: float, causal: bool) -> dict[str, Callable[..., Tensor]]:
-    """SDPA and the three paths of ``geodesic_attention`` (``fn(q, k, v, U)``)."""
-
-    def geodesic(method: str) -> Callable[..., Tensor]:
-        return lambda q, k, v, U: geodesic_attention(q, k, v, U, tau, causal, method=method)  # type: ignore[arg-type]
-
-    return {
-        "sdpa": lambda q, k, v, U: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "geodesic_augmented": geodesic("augmented"),
-        "geodesic_sdpa_padded": geodesic("sdpa"),
-        "geodesic_lowrank": geodesic("lowrank"),
-    }
-
-
-def peak_memory_at(L: int, *, d: int = 16, r: int = 4, heads: int = 2) -> dict[str, int]:
-    """Peak bytes of one causal forward+backward (:func:`~attention_atlas.bench.peak_memory`) of
-    SDPA, the augmented and the SDPA-padded path, batch 1."""
-    args = attention_inputs(1, heads, L, d, r)
-    row = {}
-    for name, f in attention_paths(math.sqrt(2 * d), True).items():
-        if name == "geodesic_lowrank":
-            continue
-
-        def step(f: Callable[..., Tensor] = f) -> None:
-            f(*args).sum().backward()
-
-        row[name] = peak_memory(step, args[0].device)
-    return row
-
-
-def live_attention(
-    length: int, *, reps: int, generator: torch.Generator, d: int = 16, r: int = 4
-) -> dict[str, float]:
-    """Causal ``geodesic_attention`` (automatic path) against SDPA, batch 1, 4 heads, float32.
-
-    Returns:
-        ``forward_ratio``, ``fwd_bwd_ratio`` (medians), ``threads``, ``peak_MiB`` (one
-        forward+backward) and ``max_abs_diff`` from the materialised reference.
-    """
-    tau = math.sqrt(2 * d)
-    q, k, v = (torch.randn(1, 4, length, d, generator=generator).requires_grad_() for _ in range(3))
-    U = (0.3 * torch.randn(1, 4, length, d, r, generator=generator) / math.sqrt(d)).requires_grad_()
-    live = compare(
-        {
-            "sdpa": lambda q, k, v, U: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            "geodesic_attention": lambda q, k, v, U: geodesic_attention(q, k, v, U, tau, causal=True),
-        },
-        "sdpa", (q, k, v, U), reps=reps,
-    )  # fmt: skip
-    g = live["results"]["geodesic_attention"]
-    with torch.no_grad():
-        fast = geodesic_attention(q, k, v, U, tau, causal=True)
-        err = float((fast - geodesic_attention_reference(q, k, v, U, tau, True)[0]).abs().max())
-    return {
-        "forward_ratio": g["forward"]["ratio_median"],
-        "fwd_bwd_ratio": g["forward_backward"]["ratio_median"],
-        "threads": live["threads"],
-        "peak_MiB": g["peak_memory_bytes"] / MiB,
-        "max_abs_diff": err,
-    }
-
-
 def woodbury_vs_dense(
     tokens: int,
     *,
@@ -371,34 +329,75 @@ def woodbury_vs_dense(
     return {"rel_err": err, "speedup": speedup, "compare": res}
 
 
-# ---- the stored benchmark (benchmarks/riemannian_attention.py) -------------------------------
+# ---- the claims register ---------------------------------------------------------------------
+
+#: an identity holds when float64 agrees to this relative error
+IDENTITY_TOL = 1e-10
+#: a count "matches" a claimed count within this relative error
+COUNT_TOL = 0.25
 
 
-def load_benchmark(path: Path) -> dict[str, Any] | None:
-    """The benchmark's JSON if it exists and holds the SDPA comparison, else None."""
-    bench = json.loads(path.read_text()) if path.exists() else None
-    return bench if bench is not None and "vs_sdpa_causal=False" in bench else None
+def chapter_outcomes(
+    wood: pd.DataFrame, ident: pd.DataFrame, flops: pd.DataFrame, wflops: pd.DataFrame
+) -> dict[str, claims.Outcome]:
+    """The outcome of every chapter-3 claim from the chapter's checks: ``wood``
+    (:func:`woodbury_identities`), ``ident`` (:func:`score_identities`), ``flops``
+    (:func:`flop_ratios`) and ``wflops`` (:func:`woodbury_flops`)."""
+    w_err = float(wood.drop(columns=["d", "r"]).to_numpy().max())
+    exact = bool((wflops["flops"] == wflops["count"]).all())
+    big = wflops.iloc[-1]
+    p41 = claims.outcome_from_check(
+        w_err < IDENTITY_TOL and exact,
+        f"Woodbury matches the dense inverse and solve within {w_err:.1e} (d up to "
+        f"{wood['d'].max()}), and its counted work is exactly 2d(r^2 + 2r) per token, O(d r^2): "
+        f"{int(big['flops']):,} FLOPs at d = {int(big['d'])}, r = {int(big['r'])}, against "
+        f"{big['dense_cholesky']:,.0f} for a dense Cholesky",
+        f"Woodbury error {w_err:.1e} or its counted work differs from 2d(r^2 + 2r)",
+    )
+    i_err = float(ident.drop(columns=["L", "d", "r"]).to_numpy().max())
+    p42 = claims.outcome_from_check(
+        i_err < IDENTITY_TOL,
+        f"eq. (15), eq. (16) and the augmented factorisation match the definition (every g_ij "
+        f"formed) within {i_err:.1e}",
+        f"a decomposition is off the definition by {i_err:.1e}",
+    )
+    growth = (
+        flops.pivot_table(index="r", columns="d", values="metric_per_pair")
+        .pipe(lambda t: t[t.columns.max()] / t[t.columns.min()])
+        .max()
+    )
+    d_lo, d_hi = int(flops["d"].min()), int(flops["d"].max())
+    per_rd = flops["metric_per_pair"] / (4 * flops["r"] * flops["d"])  # FLOPs = 2 x multiply-adds
+    p42c = claims.outcome_from_check(
+        growth < 1 + COUNT_TOL,
+        f"the counted metric work per pair does not grow with d ({growth:.2f}x from d = {d_lo} "
+        f"to {d_hi})",
+        f"the counted metric work per pair of eq. (16) grows {growth:.1f}x from d = {d_lo} to "
+        f"{d_hi} at fixed r: it is {per_rd.min():.3f} to {per_rd.max():.3f} times 4 r d FLOPs "
+        "(2 r d multiply-adds), since U_i^T k_j and U_j^T q_i pair one token's metric with "
+        "another token's vector and cannot be computed per token",
+    )
+    off = ((flops["eq16_over_dot"] - flops["paper_1_plus_r_over_d"]).abs() / flops["paper_1_plus_r_over_d"]).max()  # fmt: skip
+    p43 = claims.outcome_from_check(
+        off < COUNT_TOL,
+        f"the counted score work over a dot product is within {100 * off:.0f}% of 1 + r/d",
+        f"the counted score work of eq. (16) is {flops['eq16_over_dot'].min():.2f} to "
+        f"{flops['eq16_over_dot'].max():.2f} times a dot product's, within "
+        f"{100 * float(((flops['eq16_over_dot'] - flops['count_2r_plus_1']).abs() / flops['count_2r_plus_1']).max()):.1f}% "
+        f"of 2r + 1, against Proposition 4.3's 1 + r/d = {flops['paper_1_plus_r_over_d'].min():.2f} "
+        f"to {flops['paper_1_plus_r_over_d'].max():.2f}",
+    )
+    return {
+        "riemannian/prop-4.1": p41,
+        "riemannian/prop-4.2": p42,
+        "riemannian/prop-4.2-cost": p42c,
+        "riemannian/prop-4.3": p43,
+    }
 
 
-def benchmark_table(bench: dict[str, Any]) -> pd.DataFrame:
-    """Per path and causal flag: ``forward_ratio``, ``fwd_bwd_ratio`` (to SDPA) and ``peak_MiB``."""
-    return pd.DataFrame([
-        {
-            "causal": key.endswith("True"), "path": name,
-            "forward_ratio": v["forward"]["ratio_median"],
-            "fwd_bwd_ratio": v["forward_backward"]["ratio_median"],
-            "peak_MiB": v.get("peak_memory_bytes", float("nan")) / MiB,
-        }
-        for key in ("vs_sdpa_causal=False", "vs_sdpa_causal=True")
-        for name, v in bench[key]["results"].items()
-    ])  # fmt: skip
-
-
-def benchmark_memory(bench: dict[str, Any]) -> tuple[list[int], dict[str, list[float]]]:
-    """The benchmark's peak memory of one causal forward+backward: ``(lengths, {path: MiB})``
-    (empty when it was not measured)."""
-    mem = bench.get("peak_memory_bytes_fwd_bwd_B1_H2", {})
-    if not mem:
-        return [], {}
-    Ls = sorted(int(x) for x in mem)
-    return Ls, {name: [mem[str(L)][name] / MiB for L in Ls] for name in mem[str(Ls[0])]}
+def outcomes(smoke: bool = False) -> dict[str, claims.Outcome]:
+    """Chapter 3's claims: float64 identities and exact FLOP counts, at the chapter's sizes
+    (which take seconds at most, so ``smoke`` changes nothing)."""
+    wood = woodbury_identities(generator=torch.Generator().manual_seed(0))
+    ident = score_identities(generator=torch.Generator().manual_seed(0))
+    return chapter_outcomes(wood, ident, flop_ratios(), woodbury_flops())
