@@ -235,11 +235,11 @@ def verdict(
             f"{text} cannot decide against +-{sesoi:.3g}", effect.half_width,
         )  # fmt: skip
     lo, hi = sorted((direction * effect.low, direction * effect.high))
-    side = "increase" if direction > 0 else "decrease"
+    side = "an increase" if direction > 0 else "a decrease"
     if hi < sesoi:
         return Verdict(
             "contradicted", effect, sesoi, direction,
-            f"{text} rules out an {side} of {sesoi:.3g} or more",
+            f"{text} rules out {side} of {sesoi:.3g} or more",
         )  # fmt: skip
     if lo > 0:
         return Verdict(
@@ -248,5 +248,5 @@ def verdict(
         )  # fmt: skip
     return Verdict(
         "not resolved", effect, sesoi, direction,
-        f"{text} includes zero and an {side} of {sesoi:.3g}", effect.half_width,
+        f"{text} includes zero and {side} of {sesoi:.3g}", effect.half_width,
     )  # fmt: skip
