@@ -75,6 +75,27 @@ class LabServer:
         self.processes.update(p.pid for p in procs)
         return procs
 
+    def start_session(self, path: str, kernel: str = "python3") -> str:
+        """Start a kernel session for the notebook at ``path`` (relative to the server root)
+        through the REST API, so JupyterLab opens the notebook on it without asking which
+        kernel to use; the kernel id."""
+        body = json.dumps({"path": path, "name": Path(path).name, "type": "notebook",
+                           "kernel": {"name": kernel}}).encode()  # fmt: skip
+        req = urllib.request.Request(self.url("api/sessions"), data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return str(json.loads(r.read())["kernel"]["id"])
+
+    def shutdown_kernels(self) -> int:
+        """Shut down every kernel of the Jupyter server (REST API); the number shut down."""
+        with urllib.request.urlopen(self.url("api/kernels"), timeout=30) as r:
+            kernels = json.loads(r.read())
+        for k in kernels:
+            req = urllib.request.Request(self.url(f"api/kernels/{k['id']}"), method="DELETE")
+            with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=30):
+                pass
+        return len(kernels)
+
     def listening_addresses(self) -> list[tuple[str, int]]:
         """Every (ip, port) a process of the tree listens on (TCP), kernels included."""
         found = []

@@ -97,6 +97,31 @@ def _run_all(page, timeout_s: float) -> dict:
     raise AssertionError(f"the chapter did not finish within {timeout_s:.0f} s: {state}")
 
 
+IDLE = (
+    "() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+    " return !!s && s.getAttribute('data-status') === 'idle'; }"
+)
+
+
+def _start_kernel(page, timeout_error: type[Exception], within_s: float = 180) -> None:
+    """Wait until the notebook's kernel is idle and no dialog has shown for 3 s, accepting
+    JupyterLab's "Select Kernel" dialog whenever it appears (it can come seconds after the
+    notebook opens, and the status bar may read idle meanwhile)."""
+    dialog = page.locator(".jp-Dialog .jp-mod-accept")
+    deadline, quiet = time.monotonic() + within_s, 0
+    while time.monotonic() < deadline:
+        shown = False
+        with contextlib.suppress(timeout_error):
+            if dialog.is_visible():
+                shown = True
+                dialog.click(timeout=3000)
+        quiet = 0 if shown or not page.evaluate(IDLE) else quiet + 1
+        if quiet >= 6:
+            return
+        page.wait_for_timeout(500)
+    raise AssertionError(f"the kernel did not start within {within_s:.0f} s")
+
+
 @pytest.mark.parametrize("path", chapters_with_a_main_control(), ids=lambda p: p.stem)
 def test_moving_the_main_control_changes_the_figure(lab_server: LabServer, path: Path) -> None:
     if not Path(CHROMIUM).exists():
@@ -127,16 +152,11 @@ def test_moving_the_main_control_changes_the_figure(lab_server: LabServer, path:
         context.route("**/*", route)
         page = context.new_page()
         try:
-            page.goto(lab_server.url(f"lab/tree/notebooks/{path.name}"), timeout=120_000)
+            lab_server.start_session(f"notebooks/{path.name}")  # no "Select Kernel" question
+            # ?reset: a fresh workspace, so only this chapter is open (the queries see one notebook)
+            page.goto(lab_server.url(f"lab/tree/notebooks/{path.name}?reset"), timeout=120_000)
             page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
-            dialog = page.locator(".jp-Dialog .jp-mod-accept")  # "Select Kernel", if asked
-            with contextlib.suppress(PlaywrightTimeout):
-                dialog.click(timeout=3000)
-            page.wait_for_function(
-                "() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator');"
-                " return s && s.getAttribute('data-status') === 'idle'; }",
-                timeout=120_000,
-            )
+            _start_kernel(page, PlaywrightTimeout)
             state = _run_all(page, timeout_s=RUN_TIMEOUT)
             assert not state["errors"], "a cell shows an error:\n" + "\n---\n".join(state["errors"])
             assert state["text"], "the chapter did not report its SMOKE values (apply_smoke)"
@@ -163,4 +183,5 @@ def test_moving_the_main_control_changes_the_figure(lab_server: LabServer, path:
             raise
         finally:
             browser.close()
+            lab_server.shutdown_kernels()  # the next chapter starts on a machine at rest
     assert not blocked, f"JupyterLab asked other hosts: {blocked[:10]}"
