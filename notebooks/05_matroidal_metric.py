@@ -106,6 +106,7 @@ from attention_atlas.claims import CLAIMS
 from attention_atlas.experiments import matroidal as experiment
 from attention_atlas.experiments import matroidal_analysis as analysis
 from attention_atlas.experiments import matroidal_checks as checks
+from attention_atlas.experiments import matroidal_verdicts as verdicts_of
 
 torch.set_num_threads(threads)
 ROOT = Path(attention_atlas.__file__).resolve().parents[2]
@@ -435,7 +436,7 @@ analysis.main_table(runs)
 # have detected):
 
 # %%
-comparisons = analysis.comparison_table(runs)
+comparisons = verdicts_of.comparison_table(runs)
 viz.markdown(f"*Evidence:* {provenance}.")
 comparisons
 
@@ -504,13 +505,13 @@ viz.markdown(
 # from the float64 checks of sections 1 to 3, the hypotheses from the stored grid's verdicts.
 
 # %%
-outcome.update(analysis.empirical_outcomes(runs, evidence=provenance))
+outcome.update(verdicts_of.empirical_outcomes(runs, evidence=provenance))
 mine = [c for c in CLAIMS if c.module.endswith("experiments.matroidal")]
 assert {c.key for c in mine} == set(outcome), sorted(set(outcome) ^ {c.key for c in mine})
 verdicts = pd.DataFrame([{"claim": c.key, "statement": c.statement, "outcome": outcome[c.key].outcome,
                           "evidence": outcome[c.key].summary, "scale": outcome[c.key].scale or ""}
                          for c in mine]).set_index("claim")  # fmt: skip
-viz.markdown(analysis.verdict_summary(outcome, provenance))
+viz.markdown(verdicts_of.verdict_summary(outcome, provenance))
 verdicts
 
 # %%

@@ -22,8 +22,9 @@ after pruning its smallest-weight columns (and, as a control, as many random col
 
 A configuration shared by two slices runs once (:func:`chapter_grid`); :func:`runs_frame` maps
 the cells back onto the slices. ``python -m attention_atlas sweep matroidal --preset book``
-runs it; :mod:`.matroidal_analysis` holds what chapter 5 shows and :func:`outcomes` the claims'
-outcomes (mathematical claims by the float64 checks of :mod:`.matroidal_checks`).
+runs it; :mod:`.matroidal_analysis` holds what chapter 5 shows, :mod:`.matroidal_verdicts` the
+verdicts, and :func:`outcomes` the claims' outcomes (the mathematical claims by the float64
+checks of :mod:`.matroidal_checks`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ __all__ = [
     "load_runs",
     "metric_measures",
     "outcomes",
+    "prune_mask",
     "run_cell",
     "runs_frame",
     "self_attention",
@@ -358,6 +360,23 @@ def self_attention(model: torch.nn.Module, data: Any, seq_len: int, batch: int =
     return float(diag[..., 1:].mean() if causal else diag.mean())
 
 
+def prune_mask(
+    weights: torch.Tensor,
+    fraction: float,
+    *,
+    smallest: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Which columns each head keeps, ``(H, m)`` bool, when ``round(fraction m)`` of them go:
+    those with the smallest ``weights (H, m)``, or random ones (the control, drawn from
+    ``generator``)."""
+    H, m = weights.shape
+    score = weights if smallest else torch.rand(H, m, generator=generator)
+    order = score.argsort(dim=-1)  # ascending: the first round(fraction m) go
+    keep = torch.ones(H, m, dtype=torch.bool)
+    return keep.scatter_(1, order[:, : round(fraction * m)], False)
+
+
 def _pruned(
     model: torch.nn.Module, data: Any, params: dict[str, Any], seed: int
 ) -> dict[str, float]:
@@ -376,12 +395,9 @@ def _pruned(
             pruned: Any = copy.deepcopy(model)
             for block in pruned.blocks:
                 att = block.attn
-                H, m = att.theta.shape
-                drop = round(frac * m)
-                score = att.coefficients() if kind == "pruned" else torch.rand(H, m, generator=gen)
-                order = score.argsort(dim=-1)  # ascending: the first `drop` go
-                keep = torch.ones(H, m, dtype=torch.bool)
-                keep.scatter_(1, order[:, :drop].cpu(), False)
+                keep = prune_mask(
+                    att.coefficients().cpu(), frac, smallest=kind == "pruned", generator=gen
+                )
                 block.attn = att.keep_columns(keep.to(att.theta.device))
             ev = evaluate(pruned, data, batch_size=32, seq_len=tp["seq_len"],
                           max_batches=tp["final_eval_batches"])  # fmt: skip
@@ -418,8 +434,8 @@ def outcomes(smoke: bool = False) -> dict[str, Any]:
     mathematical ones by chapter 5's float64 checks (toy sizes when ``smoke``), the hypotheses
     by :func:`attention_atlas.stats.verdict` on the stored results (``results/matroidal``; the
     smoke grid, run now, when ``smoke``)."""
-    from .matroidal_analysis import empirical_outcomes
     from .matroidal_checks import math_outcomes
+    from .matroidal_verdicts import empirical_outcomes
 
     preset = "smoke" if smoke else "book"
     runs, grid = load_runs(
