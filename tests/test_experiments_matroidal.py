@@ -324,6 +324,16 @@ def test_movement_extrapolates_the_power_law_to_the_material_change():
     assert table[table.arm == "dense"].material.tolist() == [False, True, True]
 
 
+def test_seeds_needed_resolve_the_sesoi_at_the_spread_seen():
+    runs = fake_runs(noise=0.01)  # paired differences -0.01, 0, 0.01: sd 0.01
+    need = an.seeds_needed(runs)
+    sd = 0.01
+    for ds, sesoi in (("digits", ex.SESOI["val_acc"]), ("ptb-char", ex.SESOI["val_bpc"])):
+        n = need[ds]
+        assert st.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < sesoi
+        assert n == 3 or st.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1) >= sesoi
+
+
 # -- the claims ----------------------------------------------------------------------------------
 
 

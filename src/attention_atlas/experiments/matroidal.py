@@ -68,7 +68,7 @@ PRESETS: dict[str, dict[str, Any]] = {
               "steps_multiples": [2.0]},
     "book": {},
     "long": {"steps": 4000, "lm_steps": 10000, "lm_fractions": [0.01, 0.1, 1.0],
-             "final_eval_batches": 64, "steps_multiples": [0.1, 0.3]},
+             "final_eval_batches": 64, "steps_multiples": [0.1, 0.3, 3.0]},
 }  # fmt: skip
 #: seeds of each preset (at least 3: the verdict rule's minimum)
 PRESET_SEEDS = {"smoke": [0, 1, 2], "book": [0, 1, 2], "long": [0, 1, 2, 3, 4, 5]}

@@ -26,6 +26,7 @@ __all__ = [
     "movement_table",
     "parameter_table",
     "prune_table",
+    "seeds_needed",
     "slice_table",
     "steps_to_material",
 ]
@@ -234,12 +235,36 @@ def movement_summary(runs: pd.DataFrame) -> str:
     return ("Movement of the metrics: " + "; ".join(parts) + ".") if parts else ""
 
 
+def seeds_needed(runs: pd.DataFrame) -> dict[str, int]:
+    """Per data set, the fewest seeds whose 95% interval of the seed's paired comparison
+    (matroidal against dense, task metric, at the largest fraction) would be narrower than
+    :data:`.matroidal.SESOI` on each side, at the seed-to-seed spread of these runs."""
+    from scipy import stats as st
+
+    from .matroidal import SESOI
+
+    out = {}
+    main = runs[runs.slice == "main"]
+    for ds, g in main.groupby("dataset", sort=False):
+        g = g[g.fraction == g.fraction.max()]
+        metric = TASK_METRIC[str(ds)]
+        diff = (g[g.arm == SEED_ARM].set_index("seed")[metric]
+                - g[g.arm == CONTROL].set_index("seed")[metric]).dropna()  # fmt: skip
+        if len(diff) < 2:
+            continue
+        sd = float(diff.std(ddof=1))
+        out[str(ds)] = next(n for n in range(3, 10_000)
+                            if st.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < SESOI[metric])  # fmt: skip
+    return out
+
+
 def long_preset_text(
     runs: pd.DataFrame, long: dict[str, Any], seeds: Sequence[int], book: dict[str, Any]
 ) -> str:
     """The long preset: its budgets and grid size, the expected metric movement at its budget,
-    and its cost in CPU-hours from the per-step training time measured in ``runs`` (median per
-    data set and arm; the long grid's cells that this grid has no time for use the slowest)."""
+    the seeds its comparisons need (:func:`seeds_needed`), and its cost in CPU-hours from the
+    per-step training time measured in ``runs`` (median per data set and arm; cells of an arm
+    this grid has no time for use the slowest)."""
     from .matroidal import chapter_grid
 
     params = {**book, **long}
@@ -252,12 +277,14 @@ def long_preset_text(
     expect = ""
     if g is not None:
         slope, steps, change = g
-        s_long = params["steps"] if params["slice_dataset"] == "digits" else params["lm_steps"]
-        expect = (f" At {s_long} steps the fitted power law puts the matroidal weights' median "
-                  f"change at {change * (s_long / steps) ** slope:.2f}.")  # fmt: skip
+        top = max(p["train"]["steps"] for p in grid.values() if p["slice"] == "steps")
+        expect = (f" Its longest budget on `slice_dataset`, {top} steps, puts the matroidal weights' "
+                  f"median change at {change * (top / steps) ** slope:.2f} by the fitted power law.")  # fmt: skip
+    need = "; ".join(f"{ds} {n}" for ds, n in seeds_needed(runs).items())
     return (
         f"**The long preset**: {', '.join(f'`{k}` = {v}' for k, v in long.items())}; "
         f"{len(grid)} configurations x {len(seeds)} seeds = {len(grid) * len(seeds)} runs. "
         f"At the per-step times measured here it takes about {seconds / 3600:.0f} CPU-hours "
-        f"(one thread per run).{expect}"
+        f"(one thread per run).{expect} Seeds the seed's comparison needs to resolve its "
+        f"smallest effect of interest at the spread seen here: {need or 'unknown'}."
     )
