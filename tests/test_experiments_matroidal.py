@@ -334,6 +334,15 @@ def test_seeds_needed_resolve_the_sesoi_at_the_spread_seen():
         assert n == 3 or st.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1) >= sesoi
 
 
+def test_long_preset_cost_is_its_steps_times_the_measured_time_per_step():
+    runs = fake_runs().assign(train_time_s=lambda r: 0.036 * r.steps)  # 36 ms per step, any arm
+    grid = ex.chapter_grid(**ex.PRESETS["long"])
+    hours = sum(p["train"]["steps"] for p in grid.values()) * 6 * 0.036 / 3600
+    text = an.long_preset_text(runs, ex.PRESETS["long"], [0, 1, 2, 3, 4, 5])
+    assert f"{len(grid)} configurations x 6 seeds" in text
+    assert f"about {hours:.0f} CPU-hours" in text
+
+
 # -- the claims ----------------------------------------------------------------------------------
 
 

@@ -258,17 +258,15 @@ def seeds_needed(runs: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def long_preset_text(
-    runs: pd.DataFrame, long: dict[str, Any], seeds: Sequence[int], book: dict[str, Any]
-) -> str:
-    """The long preset: its budgets and grid size, the expected metric movement at its budget,
+def long_preset_text(runs: pd.DataFrame, long: dict[str, Any], seeds: Sequence[int]) -> str:
+    """The long preset ``long`` (parameters over :func:`.matroidal.chapter_grid`'s defaults, as
+    ``sweep --preset long`` runs it): its budgets and grid size, the expected metric movement,
     the seeds its comparisons need (:func:`seeds_needed`), and its cost in CPU-hours from the
     per-step training time measured in ``runs`` (median per data set and arm; cells of an arm
     this grid has no time for use the slowest)."""
     from .matroidal import chapter_grid
 
-    params = {**book, **long}
-    grid = chapter_grid(**params)
+    grid = chapter_grid(**long)
     per_step = (runs.train_time_s / runs.steps).groupby([runs.dataset, runs.arm]).median().to_dict()
     slowest = max(per_step.values())
     seconds = sum(p["train"]["steps"] * per_step.get((p["dataset"], p["arm"]), slowest)
