@@ -427,6 +427,7 @@ params_table
 for ds in runs[runs.slice == "main"].dataset.unique():
     viz.show(analysis.metric_against_fraction(runs, ds))
     viz.markdown(f"*Evidence:* {provenance}.")
+viz.markdown(verdicts_of.scale_summary(runs))
 analysis.main_table(runs)
 
 # %% [markdown]
@@ -437,7 +438,7 @@ analysis.main_table(runs)
 
 # %%
 comparisons = verdicts_of.comparison_table(runs)
-viz.markdown(f"*Evidence:* {provenance}.")
+viz.markdown(verdicts_of.comparison_summary(comparisons) + f" *Evidence:* {provenance}.")
 comparisons
 
 # %% [markdown]
@@ -470,6 +471,7 @@ fam_table
 # the task metric (negative: lost).
 
 # %%
+viz.markdown(analysis.prune_summary(runs))
 analysis.prune_table(runs)
 
 # %% [markdown]
@@ -492,9 +494,7 @@ movement
 
 # %%
 viz.markdown(
-    analysis.long_preset_text(
-        runs, experiment.PRESETS["long"], experiment.PRESET_SEEDS["long"], grid_params
-    )
+    analysis.long_preset_text(runs, experiment.PRESETS["long"], experiment.PRESET_SEEDS["long"])
 )
 
 # %% [markdown]
@@ -511,7 +511,13 @@ assert {c.key for c in mine} == set(outcome), sorted(set(outcome) ^ {c.key for c
 verdicts = pd.DataFrame([{"claim": c.key, "statement": c.statement, "outcome": outcome[c.key].outcome,
                           "evidence": outcome[c.key].summary, "scale": outcome[c.key].scale or ""}
                          for c in mine]).set_index("claim")  # fmt: skip
-viz.markdown(verdicts_of.verdict_summary(outcome, provenance))
+n_bad = (runs.nonfinite_logits + runs.nonfinite_out).groupby(runs.arm).sum().astype(int).to_dict()
+viz.markdown(
+    verdicts_of.verdict_summary(outcome, provenance)
+    + f" Non-finite logits or outputs over all runs, by arm: {n_bad}"
+    + ("; with none anywhere, stability does not tell the arms apart at this scale."
+       if not any(n_bad.values()) else ".")
+)  # fmt: skip
 verdicts
 
 # %%

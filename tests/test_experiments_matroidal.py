@@ -227,7 +227,9 @@ def fake_runs(
                              "val_acc": acc if ds == "digits" else math.nan,
                              "val_bpc": bpc if ds == "ptb-char" else math.nan,
                              "pruned_val_acc@0.25": acc - 0.001,
-                             "pruned_val_bpc@0.25": bpc + 0.001})  # fmt: skip
+                             "pruned_val_bpc@0.25": bpc + 0.001,
+                             "random_pruned_val_acc@0.25": acc - 0.01,
+                             "random_pruned_val_bpc@0.25": bpc + 0.01})  # fmt: skip
         for m in (16, 64):
             for s in range(3):
                 rows.append({**base, "slice": "m", "dataset": "digits", "fraction": 1.0,
@@ -260,6 +262,9 @@ def test_the_scale_of_a_cell_is_the_dot_arm_at_its_budget():
     weak = fake_runs(dot_acc=0.4, dot_bpc=3.3)
     assert not vd.scale_of(weak, "digits", 1.0).decisive  # less than halfway from 0.1 to 1
     assert "bigram regime" in vd.scale_of(weak, "ptb-char", 1.0).reason()
+    text = vd.scale_summary(weak)
+    assert "ptb-char at fraction 1: 400 steps, 12,800 tokens per run, 3 seeds" in text
+    assert "not decisive: the dot-product arm is at 3.31 bpc" in text
 
 
 def test_outcomes_follow_the_effects_on_synthetic_runs():
@@ -301,6 +306,9 @@ def test_comparison_table_says_what_the_interval_shows():
     assert row("ptb-char", 1.0, "matroidal", "dense").verdict == "equivalent within +-0.02"
     weak = vd.comparison_table(fake_runs(dot_acc=0.3))
     assert weak[weak.dataset == "digits"].verdict.str.startswith("not tested").all()
+    text = vd.comparison_summary(table)
+    assert "matroidal against dense on digits at fraction 1: better, gain +0.100" in text
+    assert text.endswith("not tested: 0.") and "Not resolved: " in text
 
 
 def test_interval_text_is_the_mean_and_student_t_interval():
@@ -322,6 +330,14 @@ def test_movement_extrapolates_the_power_law_to_the_material_change():
     assert an.steps_to_material(runs, "dense") == 400  # 0.2 sqrt(4) = 0.4 >= 0.25 at 400 steps
     table = an.movement_table(runs)
     assert table[table.arm == "dense"].material.tolist() == [False, True, True]
+
+
+def test_prune_summary_sets_the_smallest_weights_against_random_columns():
+    text = an.prune_summary(fake_runs())
+    assert "digits at fraction 1, 0.25 removed: -0.001 against -0.010" in text
+    assert (
+        "ptb-char at fraction 1, 0.25 removed: -0.001 against -0.010" in text
+    )  # bpc: sign flipped
 
 
 def test_seeds_needed_resolve_the_sesoi_at_the_spread_seen():

@@ -25,6 +25,7 @@ __all__ = [
     "movement_summary",
     "movement_table",
     "parameter_table",
+    "prune_summary",
     "prune_table",
     "seeds_needed",
     "slice_table",
@@ -154,6 +155,24 @@ def prune_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "random removed": interval_text(sign * (g[rnd] - g[metric]), "+.3f"),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def prune_summary(runs: pd.DataFrame) -> str:
+    """Per main-slice cell of the seed's arm and pruning fraction: the mean task-metric change
+    from removing the smallest-weight columns against removing as many random ones (the
+    control); both are no-retraining evaluations of the same trained models."""
+    sel = runs[(runs.slice == "main") & (runs.arm == SEED_ARM)]
+    parts = []
+    for (ds, frac), g in sel.groupby(["dataset", "fraction"], sort=False):
+        metric = TASK_METRIC[str(ds)]
+        sign = 1 if HIGHER_IS_BETTER[metric] else -1
+        for c in sorted(c for c in g.columns if c.startswith(f"pruned_{metric}@")):
+            f = c.split("@")[1]
+            small = sign * (g[c] - g[metric]).mean()
+            rnd = sign * (g[f"random_pruned_{metric}@{f}"] - g[metric]).mean()
+            parts.append(f"{ds} at fraction {frac:g}, {f} removed: {small:+.3f} against {rnd:+.3f}")
+    return ("Change of the task metric (positive: better), smallest weights removed against "
+            "random columns removed: " + "; ".join(parts) + ".") if parts else ""  # fmt: skip
 
 
 def movement_table(runs: pd.DataFrame) -> pd.DataFrame:

@@ -21,11 +21,13 @@ from ..stats import Interval, Verdict, paired_difference, verdict
 from .matroidal import COMPARISONS, CONTROL, HIGHER_IS_BETTER, SEED_ARM, SESOI, TASK_METRIC
 
 __all__ = [
+    "comparison_summary",
     "comparison_table",
     "empirical_outcomes",
     "gain",
     "non_inferior",
     "scale_of",
+    "scale_summary",
     "verdict_summary",
 ]
 
@@ -111,6 +113,33 @@ def _two_sided(effect: Interval, sesoi: float, scale: TrainingScale) -> str:
         if verdict(effect, sesoi=sesoi, direction=direction).outcome == "supported":
             return word
     return f"not resolved (detectable +-{effect.half_width:.3f})"
+
+
+def scale_summary(runs: pd.DataFrame) -> str:
+    """The training scale of every (data set, fraction) cell of the main slice, and whether a
+    verdict there may support or contradict anything."""
+    parts = []
+    for ds, frac, _ in _cells(runs):
+        sc = scale_of(runs, ds, frac)
+        verdict_text = "decisive" if sc.decisive else f"not decisive: {sc.reason()}"
+        parts.append(f"{ds} at fraction {frac:g}: {sc.text()} ({verdict_text})")
+    return "Training scale: " + "; ".join(parts) + "."
+
+
+def comparison_summary(table: pd.DataFrame) -> str:
+    """The resolved rows of :func:`comparison_table` in words (arm, control, cell, gain), and
+    how many rows are not resolved or not tested."""
+    parts = []
+    for _, r in table.iterrows():
+        if r.verdict.startswith(("not resolved", "not tested")):
+            continue
+        gain = next(r[c] for c in table.columns if c.startswith("gain (") and isinstance(r[c], str))
+        parts.append(f"{r.arm} against {r.control} on {r.dataset} at fraction {r.fraction:g}: "
+                     f"{r.verdict}, gain {gain}")  # fmt: skip
+    rest = int(table.verdict.str.startswith("not resolved").sum())
+    untested = int(table.verdict.str.startswith("not tested").sum())
+    lead = ("Resolved: " + "; ".join(parts) + ".") if parts else "No comparison is resolved."
+    return f"{lead} Not resolved: {rest} of {len(table)}; not tested: {untested}."
 
 
 def verdict_summary(outcomes: dict[str, Outcome], evidence: str) -> str:
