@@ -44,7 +44,7 @@ check_len = 12  # sequence length of the fast-path checks
 bench_length = 1024  # L of the in-chapter attention timing (B 4, H 8, d 16)
 bench_repeats = 5
 memory_lengths = [256, 512, 1024]  # L of the live peak-memory measurement
-step_repeats = 7  # rounds of the side-by-side training-step timing
+step_repeats = 9  # rounds of the side-by-side training-step timing
 explore_dim = 8  # d of the exploration (graph family and m -> M, spectrum, attention)
 datasets = ["digits", "ptb-char"]  # CIFAR-10 cannot be downloaded here (see the text)
 fractions = [0.1, 0.3, 1.0]  # training-set fractions of the digits runs (low data)
@@ -263,13 +263,13 @@ memory
 # %%
 step_cost = checks.step_costs("ptb-char", ["dense", "matroidal", "dense-qk", "matroidal-qk"],
                               dim=dim, m=main_m * head_dim, reps=step_repeats)  # fmt: skip
+cost = {a: (f"{r['ratio to dot']:.2f}x (quartiles {r['ratio q25']:.2f} to {r['ratio q75']:.2f}) "
+            f"for {r['FLOP ratio']:.2f}x the FLOPs") for a, r in step_cost.iterrows()}  # fmt: skip
 viz.markdown(
-    f"A matroidal step costs {step_cost.loc['matroidal', 'ratio to dot']:.2f}x a dot-product step "
-    f"(one $z$; {step_cost.loc['matroidal-qk', 'ratio to dot']:.2f}x on $q_i - k_j$) for "
-    f"{step_cost.loc['matroidal', 'FLOP ratio']:.2f}x (resp. "
-    f"{step_cost.loc['matroidal-qk', 'FLOP ratio']:.2f}x) its FLOPs: the time above the FLOP "
-    "ratio is memory traffic of the attention core (the $(d+1)$-wide augmented keys and values "
-    "written for the flash backward), not arithmetic."
+    f"Training step against a dot-product step: matroidal (one $z$) {cost['matroidal']}; "
+    f"matroidal on $q_i - k_j$ {cost['matroidal-qk']}; dense (one $z$) {cost['dense']}. The "
+    "FLOP ratio is the arithmetic floor; time above it is memory traffic of the attention core "
+    "(the $(d+1)$-wide augmented keys and values written for the flash backward)."
 )
 step_cost
 

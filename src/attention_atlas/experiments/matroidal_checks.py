@@ -393,19 +393,27 @@ def _train_step(arm: str, dataset: str, dim: int, m: int) -> tuple[Any, tuple[Te
 
 
 def step_costs(
-    dataset: str, arms: Sequence[str], *, dim: int = 64, m: int = 32, reps: int = 9
+    dataset: str,
+    arms: Sequence[str],
+    *,
+    dim: int = 64,
+    m: int = 32,
+    reps: int = 9,
+    min_sample_s: float = 0.25,
 ) -> pd.DataFrame:
     """A whole training step of each arm against a dot-product step, side by side
     (:func:`attention_atlas.bench.compare`, interleaved, one process) at chapter 5's shape for
     ``dataset``: the median time, the median and quartiles of the per-round ratio to dot, and
-    the ratio of counted FLOPs (forward and backward: the arithmetic floor of the time ratio)."""
+    the ratio of counted FLOPs (forward and backward: the arithmetic floor of the time ratio).
+    Each timing sample repeats steps for at least ``min_sample_s`` (a shared machine's noise
+    averages out over longer samples)."""
     from ..bench import count_flops
     from ..train import flops as _registers_cpu_sdpa_flops  # noqa: F401
 
     made = {arm: _train_step(arm, dataset, dim, m) for arm in ("dot", *arms)}
     batch = made["dot"][1]
     res = compare({a: s for a, (s, _) in made.items()}, "dot", batch, backward=False,
-                  reps=reps, memory=False)["results"]  # fmt: skip
+                  reps=reps, memory=False, min_sample_s=min_sample_s)["results"]  # fmt: skip
     fl = {a: count_flops(s.flops, *batch, backward=True) for a, (s, _) in made.items()}
     return pd.DataFrame({
         "step ms": {a: 1e3 * r["forward"]["median_s"] for a, r in res.items()},
