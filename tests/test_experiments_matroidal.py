@@ -1,12 +1,14 @@
-"""Chapter 5's experiment (experiments/matroidal.py) and checks (experiments/matroidal_checks.py):
-the grid has the seed's arms, a cell trains and measures, and the analysis computes what it
-says."""
+"""Chapter 5's experiment (experiments/matroidal.py), its verdicts (matroidal_verdicts.py),
+tables (matroidal_analysis.py) and checks (matroidal_checks.py): the grid has the arms it says,
+a cell trains and measures, the verdicts follow the library's rule on synthetic runs, and every
+matroidal claim gets an outcome."""
 
 from __future__ import annotations
 
 import inspect
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +18,19 @@ import torch
 from scipy import stats as st
 
 from attention_atlas.attention.graphs import CONTRAST_FAMILIES, GRAPH_FAMILIES
+from attention_atlas.claims import CLAIMS
 from attention_atlas.experiments import EXPERIMENTS, experiment
 from attention_atlas.experiments import matroidal as ex
+from attention_atlas.experiments import matroidal_analysis as an
 from attention_atlas.experiments import matroidal_checks as checks
+from attention_atlas.experiments import matroidal_verdicts as vd
 from attention_atlas.notebooks import chapter_parameters, chapter_smoke
+from attention_atlas.stats import Interval
 from attention_atlas.sweep import make_cells, run_sweep
 
 CHAPTER = Path(__file__).resolve().parents[1] / "notebooks" / "05_matroidal_metric.py"
 GRID_KEYS = set(inspect.signature(ex.chapter_configurations).parameters)
+MINE = {c.key for c in CLAIMS if c.module == "attention_atlas.experiments.matroidal"}
 
 
 # -- the grid -------------------------------------------------------------------------------
@@ -32,45 +39,58 @@ GRID_KEYS = set(inspect.signature(ex.chapter_configurations).parameters)
 def test_the_experiment_is_registered_for_the_sweep_runner():
     assert EXPERIMENTS["matroidal"] == "attention_atlas.experiments.matroidal"
     assert experiment("matroidal") is ex
-    assert {"smoke", "book", "long"} <= set(ex.PRESETS)
+    assert {"smoke", "book", "long"} <= set(ex.PRESETS) <= set(ex.PRESET_SEEDS)
+    assert all(len(s) >= 3 for s in ex.PRESET_SEEDS.values())  # the verdict rule's minimum
 
 
-def test_the_grid_has_the_arms_the_seed_asks_for():
-    """dot vs dense vs matroidal on both data sets and every fraction at matched width;
-    m in {d, 2d, 4d}; every graph family and the two contrasts; pruning of matroidal models."""
+def test_the_grid_has_the_arms_it_says():
+    """Main slice: every arm on every (data set, fraction); the seed's arms score one z, the qk
+    arms q_i - k_j; m in {d, 2d, 4d}; every family at 2d, graph families grounded; the steps
+    slice trains the seed's arm and its control for other budgets; pruning of matroidal models."""
     configs = ex.chapter_configurations()
     d = 16
-    main = {n: p for n, p in configs.items() if p["slice"] == "main"}
-    arms = {(p["dataset"], p["fraction"], p["attention"]) for p in main.values()}
-    assert arms == {
-        (ds, f, a)
-        for ds in ("digits", "ptb-char")
-        for f in (0.01, 0.1, 1.0)
-        for a in ("dot", "mahalanobis", "matroidal")
+    main = [p for p in configs.values() if p["slice"] == "main"]
+    cells = {(p["dataset"], p["fraction"], p["arm"]) for p in main}
+    assert cells == {("digits", f, a) for f in (0.1, 0.3, 1.0) for a in ex.ARMS} | {
+        ("ptb-char", 1.0, a) for a in ex.ARMS
     }
+    for p in main:
+        att, opts = ex.ARMS[p["arm"]]
+        assert p["attention"] == att and opts.items() <= p["options"].items()
+        assert p["options"].get("shared", False) == (
+            p["arm"] in ("dense", "matroidal", "matroidal-grounded")
+        )
+        if att == "matroidal":
+            assert p["options"]["m"] == 2 * d and p["options"]["graph"] == "ring_chords"
+        assert p["train"]["steps"] == (800 if p["dataset"] == "ptb-char" else 400)
+        assert p["train"]["batch_size"] == (16 if p["dataset"] == "ptb-char" else 32)
+        assert bool(p["prune_fractions"]) == (att == "matroidal")
     assert {repr(p["model"]) for p in configs.values()} == {
         repr({"dim": 64, "n_layers": 2, "n_heads": 8, "head_dim": d})
     }
     m_slice = [p["options"] for p in configs.values() if p["slice"] == "m"]
-    assert [o["m"] for o in m_slice] == [d, 2 * d, 4 * d]
-    assert m_slice[0]["graph"] == "ring"  # the only family with exactly d edges for every d
-    fams = {p["options"]["graph"] for p in configs.values() if p["slice"] == "family"}
-    assert fams == (set(GRAPH_FAMILIES) - {"ring", "complete"}) | set(CONTRAST_FAMILIES)
-    for p in configs.values():
-        assert bool(p["prune_deltas"]) == (p["attention"] == "matroidal")
-        ptb = p["dataset"] == "ptb-char"
-        assert p["train"]["batch_size"] == (16 if ptb else 32)
-        assert p["train"]["final_eval_batches"] == (16 if ptb else None)
+    assert [o["m"] for o in m_slice] == [d, 2 * d, 4 * d] and m_slice[0]["graph"] == "ring"
+    fam = [p for p in configs.values() if p["slice"] == "family"]
+    assert {p["options"]["graph"] for p in fam} == (
+        set(GRAPH_FAMILIES) - {"ring", "complete"}
+    ) | set(CONTRAST_FAMILIES)
+    assert all(
+        p["options"].get("grounded", False) == (p["options"]["graph"] in GRAPH_FAMILIES)
+        for p in fam
+    )
+    steps = {(p["arm"], p["train"]["steps"]) for p in configs.values() if p["slice"] == "steps"}
+    assert steps == {(a, n) for a in (ex.SEED_ARM, ex.CONTROL) for n in (100, 1600)}
+    with pytest.raises(ValueError, match="unknown arms \\['nope'\\]"):
+        ex.chapter_configurations(arms=["dot", "nope"])
 
 
 def test_configurations_shared_by_slices_run_once():
     configs = ex.chapter_configurations()
     alias = ex.distinct_configurations(configs)
     grid = ex.chapter_grid()
-    shared = "main/digits/0.1/matroidal"
-    assert alias["m/2d"] == alias["family/ring_chords"] == shared
-    assert (len(configs), len(grid)) == (26, 24)
-    assert set(grid) == set(alias.values())
+    assert alias["m/2d"] == "main/digits/1/matroidal"
+    assert alias["family/ring_chords"] == "main/digits/1/matroidal-grounded"
+    assert len(configs) - len(grid) == 2 and set(grid) == set(alias.values())
     for name, target in alias.items():  # equal up to the slice
         strip = lambda p: {k: v for k, v in p.items() if k != "slice"}
         assert strip(configs[name]) == strip(configs[target])
@@ -84,6 +104,7 @@ def test_the_book_and_smoke_presets_are_chapter_5s_parameters():
     assert ex.chapter_configurations(**{**book, **smoke}) == ex.chapter_configurations(
         **ex.PRESETS["smoke"]
     )
+    assert chapter_parameters(CHAPTER)["seeds"] == ex.PRESET_SEEDS["book"]
 
 
 def test_runs_frame_maps_each_distinct_cell_onto_every_slice_that_shares_it():
@@ -101,9 +122,10 @@ def test_runs_frame_maps_each_distinct_cell_onto_every_slice_that_shares_it():
     alias = ex.distinct_configurations(configs)
     for name, p in configs.items():
         rows = runs[runs.config == name]
-        src = raw[raw.config == alias[name]]
-        assert rows.val_loss.tolist() == src.val_loss.tolist()
-        assert (rows.slice == p["slice"]).all() and (rows.m == p["options"].get("m", 0)).all()
+        assert rows.val_loss.tolist() == raw[raw.config == alias[name]].val_loss.tolist()
+        assert (rows.slice == p["slice"]).all() and (rows.arm == p["arm"]).all()
+        assert (rows.steps == p["train"]["steps"]).all()
+        assert (rows.grounded == p["options"].get("grounded", False)).all()
 
 
 # -- one cell --------------------------------------------------------------------------------
@@ -111,125 +133,322 @@ def test_runs_frame_maps_each_distinct_cell_onto_every_slice_that_shares_it():
 
 @pytest.fixture(scope="module")
 def smoke_cells(tmp_path_factory):
-    """A matroidal and a dense cell (2 steps, small width) through the sweep runner."""
+    """Four arms (2 steps, width 32, two heads) through the sweep runner, pruning 0 and 1/2."""
     grid = ex.chapter_grid(
-        datasets=["digits"], fractions=[0.1], steps=2, dim=32, n_heads=2, m_multiples=[1],
-        families=[], prune_deltas=[0.0, 1e9],
+        datasets=["digits"], fractions=[0.1], steps=2, dim=32, n_heads=2, m_multiples=[],
+        families=[], steps_multiples=[], prune_fractions=[0.0, 0.5],
+        arms=["dot", "dense", "matroidal", "matroidal-qk"],
     )  # fmt: skip
-    grid = {k: v for k, v in grid.items() if k.endswith(("matroidal", "mahalanobis"))}
     out = tmp_path_factory.mktemp("sweep")
     return run_sweep(make_cells(grid, [0]), ex.run_cell, out, log=None).set_index("config")
 
 
 def test_one_cell_trains_and_returns_finite_metrics(smoke_cells):
     mat = smoke_cells.loc["main/digits/0.1/matroidal"]
-    for col in ("val_loss", "val_acc", "grad_norm_var", "grad_norm_cv", "metric_drift"):
+    for col in (
+        "val_loss",
+        "val_acc",
+        "grad_norm_var",
+        "grad_norm_cv",
+        "metric_change",
+        "coef_change",
+    ):
         assert math.isfinite(mat[col]), col
-    assert math.isnan(mat.val_bpc)  # digits: no bits per character
-    assert 0.0 <= mat.val_acc <= 1.0 and mat.val_loss > 0
+    assert math.isnan(mat.val_bpc) and 0.0 <= mat.val_acc <= 1.0 and mat.val_loss > 0
     assert mat.nonfinite_logits == mat.nonfinite_out == 0
     assert mat.params_metric == 2 * 2 * 32  # theta (H, m) in two layers, m = 2d
-    den = smoke_cells.loc["main/digits/0.1/mahalanobis"]
+    assert mat.tokens == 2 * 32  # steps x images per batch
+    den, qk = (
+        smoke_cells.loc["main/digits/0.1/dense"],
+        smoke_cells.loc["main/digits/0.1/matroidal-qk"],
+    )
     assert den.params_metric == 2 * 2 * 16 * 16  # W (H, d, d) in two layers
     assert den.params_total - den.params_metric == mat.params_total - mat.params_metric
+    assert qk.params_total - mat.params_total == 2 * 32 * 32  # the key projection, two layers
     assert mat.attn_flops_fwd == den.attn_flops_fwd > 0  # the same fast path, any metric
-    assert math.isnan(den["pruned_val_loss@0"])  # only matroidal models are pruned
+    # the all-ones direction: eps d / tr M for bare incidence columns, about 1 for dense
+    assert mat.ones_rayleigh == pytest.approx(1e-4, rel=0.2) and den.ones_rayleigh > 0.5
+    for row in (mat, den, qk, smoke_cells.loc["main/digits/0.1/dot"]):
+        assert 0 < row.self_attention < 1
+    assert math.isnan(den["pruned_val_acc@0"])  # only matroidal models are pruned
 
 
-def test_pruning_at_zero_keeps_everything_and_above_every_weight_keeps_nothing(smoke_cells):
+def test_pruning_nothing_changes_nothing_and_half_removes_half(smoke_cells):
     mat = smoke_cells.loc["main/digits/0.1/matroidal"]
-    assert mat["pruned_kept@0"] == 1.0
+    assert mat["pruned_val_acc@0"] == mat.val_acc and mat["random_pruned_val_acc@0"] == mat.val_acc
     assert mat["pruned_val_loss@0"] == pytest.approx(mat.val_loss, rel=1e-6)
-    assert mat["pruned_kept@1e+09"] == 0.0 and math.isfinite(mat["pruned_val_loss@1e+09"])
+    assert math.isfinite(mat["pruned_val_loss@0.5"]) and math.isfinite(
+        mat["random_pruned_val_loss@0.5"]
+    )
 
 
-# -- analysis --------------------------------------------------------------------------------
+def test_prune_mask_removes_the_smallest_weights_of_each_head_or_random_ones():
+    w = torch.tensor([[0.5, 0.1, 0.9, 0.3], [0.2, 0.8, 0.4, 0.6]])
+    keep = ex.prune_mask(w, 0.5)
+    assert keep.tolist() == [[True, False, True, False], [False, True, False, True]]
+    assert ex.prune_mask(w, 0.0).all() and not ex.prune_mask(w, 1.0).any()
+    g = torch.Generator().manual_seed(0)
+    rnd = ex.prune_mask(w, 0.5, smallest=False, generator=g)
+    assert rnd.sum(1).tolist() == [2, 2]  # as many columns as the pruning removes, per head
+    draws = {
+        tuple(ex.prune_mask(w, 0.5, smallest=False, generator=g).flatten().tolist())
+        for _ in range(20)
+    }
+    assert len(draws) > 1  # random, not the smallest
+
+
+# -- verdicts on synthetic runs ----------------------------------------------------------------
+
+
+def fake_runs(
+    acc_gain: float = 0.0,
+    bpc_gain: float = 0.0,
+    noise: float = 0.005,
+    dot_acc: float = 0.9,
+    dot_bpc: float = 2.5,
+    low_extra: float = 0.0,
+    m_gain: float = 0.0,
+) -> pd.DataFrame:
+    """Main slice (digits at 0.1 and 1, char-PTB at 1), 3 seeds: dense = dot; matroidal better
+    than dense by ``*_gain`` (+ ``low_extra`` at fraction 0.1) with seed noise; an m slice."""
+    rows = []
+    base = {"steps": 400, "tokens": 12800, "grad_norm_cv": 1.0, "nonfinite_logits": 0.0,
+            "nonfinite_out": 0.0, "params_metric": 0}  # fmt: skip
+    for ds, frac in (("digits", 0.1), ("digits", 1.0), ("ptb-char", 1.0)):
+        for s in range(3):
+            wiggle = noise * (s - 1)
+            for arm in ("dot", "dense", "matroidal", "matroidal-grounded"):
+                g = (acc_gain if ds == "digits" else bpc_gain) + (low_extra if frac == 0.1 else 0)
+                g = g + wiggle if arm.startswith("matroidal") else 0.0
+                acc = dot_acc + 0.01 * s + (g if ds == "digits" else 0)
+                bpc = dot_bpc + 0.01 * s - (g if ds == "ptb-char" else 0)
+                rows.append({**base, "slice": "main", "dataset": ds, "fraction": frac, "arm": arm,
+                             "config": f"main/{ds}/{frac:g}/{arm}", "seed": s,
+                             "val_acc": acc if ds == "digits" else math.nan,
+                             "val_bpc": bpc if ds == "ptb-char" else math.nan,
+                             "pruned_val_acc@0.25": acc - 0.001,
+                             "pruned_val_bpc@0.25": bpc + 0.001,
+                             "random_pruned_val_acc@0.25": acc - 0.01,
+                             "random_pruned_val_bpc@0.25": bpc + 0.01})  # fmt: skip
+        for m in (16, 64):
+            for s in range(3):
+                rows.append({**base, "slice": "m", "dataset": "digits", "fraction": 1.0,
+                             "arm": "matroidal", "config": f"m/{m}", "seed": s, "m": m,
+                             "val_acc": 0.9 + 0.01 * s + (m_gain if m == 64 else 0)})  # fmt: skip
+    return pd.DataFrame(rows).drop_duplicates(["config", "seed"])
+
+
+def test_gain_is_signed_so_that_positive_is_better():
+    a = pd.DataFrame({"seed": [0, 1, 2], "val_acc": [0.6, 0.7, 0.8], "val_bpc": [2.0, 2.1, 2.2]})
+    c = a.assign(val_acc=a.val_acc - 0.1, val_bpc=a.val_bpc + 0.1)
+    assert vd.gain(a, c, "val_acc").mean == pytest.approx(0.1)  # higher accuracy is better
+    assert vd.gain(a, c, "val_bpc").mean == pytest.approx(0.1)  # lower bpc is better
+
+
+def test_non_inferiority_is_the_verdict_rule_both_ways():
+    def iv(lo, hi):
+        return Interval((lo + hi) / 2, lo, hi, 3)
+
+    assert vd.non_inferior(iv(0.01, 0.05), 0.02).outcome == "supported"  # better
+    assert vd.non_inferior(iv(-0.01, 0.01), 0.02).outcome == "supported"  # equal within sesoi
+    assert vd.non_inferior(iv(-0.08, -0.03), 0.02).outcome == "contradicted"  # worse by > sesoi
+    assert vd.non_inferior(iv(-0.05, 0.01), 0.02).outcome == "not resolved"
+    assert vd.non_inferior(Interval(0.1, 0.05, 0.15, 2), 0.02).outcome == "not tested"  # 2 seeds
+
+
+def test_the_scale_of_a_cell_is_the_dot_arm_at_its_budget():
+    runs = fake_runs(dot_acc=0.9, dot_bpc=2.5)
+    assert vd.scale_of(runs, "digits", 1.0).decisive and vd.scale_of(runs, "ptb-char", 1.0).decisive
+    weak = fake_runs(dot_acc=0.4, dot_bpc=3.3)
+    assert not vd.scale_of(weak, "digits", 1.0).decisive  # less than halfway from 0.1 to 1
+    assert "bigram regime" in vd.scale_of(weak, "ptb-char", 1.0).reason()
+    text = vd.scale_summary(weak)
+    assert "ptb-char at fraction 1: 400 steps, 12,800 tokens per run, 3 seeds" in text
+    assert "not decisive: the dot-product arm is at 3.31 bpc" in text
+
+
+def test_outcomes_follow_the_effects_on_synthetic_runs():
+    keys = {"matroidal/loss", "matroidal/smoother", "matroidal/stability", "matroidal/pruning",
+            "matroidal/low-data", "matroidal/m"}  # fmt: skip
+    better = vd.empirical_outcomes(fake_runs(acc_gain=0.1, bpc_gain=0.1), evidence="test")
+    assert set(better) == keys and better["matroidal/loss"].outcome == "supported"
+    assert better["matroidal/loss"].extra["cells"] == {"digits 0.1": "supported", "digits 1": "supported",
+                                                       "ptb-char 1": "supported"}  # fmt: skip
+    assert better["matroidal/pruning"].outcome == "supported"  # 0.001 lost, inside 0.02
+    assert better["matroidal/stability"].outcome == "supported"  # no failures anywhere
+    assert better["matroidal/smoother"].outcome == "contradicted"  # equal CV: no decrease >= 0.1
+    assert better["matroidal/m"].outcome == "contradicted"  # m changes nothing
+    worse = vd.empirical_outcomes(fake_runs(acc_gain=-0.1, bpc_gain=-0.1), evidence="test")
+    assert worse["matroidal/loss"].outcome == "contradicted"
+    assert worse["matroidal/loss"].effect.mean == pytest.approx(-0.1)
+    noisy = vd.empirical_outcomes(fake_runs(noise=0.05), evidence="test")
+    assert noisy["matroidal/loss"].outcome == "not resolved"
+    weak = vd.empirical_outcomes(
+        fake_runs(acc_gain=0.1, bpc_gain=0.1, dot_acc=0.3, dot_bpc=3.4), evidence="x"
+    )
+    assert (
+        weak["matroidal/loss"].outcome == "not tested"
+        and "bigram" in weak["matroidal/loss"].summary
+    )
+    low = vd.empirical_outcomes(fake_runs(low_extra=0.1), evidence="test")["matroidal/low-data"]
+    assert low.outcome == "supported" and low.effect.mean == pytest.approx(0.1)
+    flat = vd.empirical_outcomes(fake_runs(), evidence="test")["matroidal/low-data"]
+    assert flat.outcome == "contradicted"
+    m = vd.empirical_outcomes(fake_runs(m_gain=0.1), evidence="test")["matroidal/m"]
+    assert m.outcome == "supported"
+
+
+def test_comparison_table_says_what_the_interval_shows():
+    table = vd.comparison_table(fake_runs(acc_gain=0.1, bpc_gain=0.0, noise=0.001))
+    row = lambda ds, frac, arm, control: table[(table.dataset == ds) & (table.fraction == frac)
+                                               & (table.arm == arm) & (table.control == control)].iloc[0]  # fmt: skip
+    assert row("digits", 1.0, "matroidal", "dense").verdict == "better"
+    assert row("ptb-char", 1.0, "matroidal", "dense").verdict == "equivalent within +-0.02"
+    weak = vd.comparison_table(fake_runs(dot_acc=0.3))
+    assert weak[weak.dataset == "digits"].verdict.str.startswith("not tested").all()
+    text = vd.comparison_summary(table)
+    assert "matroidal against dense on digits at fraction 1: better, gain +0.100" in text
+    assert text.endswith("not tested: 0.") and "Not resolved: " in text
 
 
 def test_interval_text_is_the_mean_and_student_t_interval():
     x = np.array([1.0, 2.0, 4.0])
     half = st.t.ppf(0.975, 2) * x.std(ddof=1) / math.sqrt(3)
-    assert ex.interval_text(x) == f"{x.mean():.4g} [{x.mean() - half:.4g}, {x.mean() + half:.4g}]"
-    assert ex.interval_text([1.0, math.nan]) == "nan"
+    assert an.interval_text(x) == f"{x.mean():.4g} [{x.mean() - half:.4g}, {x.mean() + half:.4g}]"
+    assert an.interval_text([1.0, math.nan]) == "nan"
 
 
-def fake_runs(gap: float, cv_gap: float = 0.0, noise: float = 0.01) -> pd.DataFrame:
-    """Main-slice runs, 3 seeds: matroidal = dense + gap (+ seed noise), dot = dense."""
-    rows = []
-    for ds in ("digits", "ptb-char"):
-        for frac in (0.1, 1.0):
-            for s in range(3):
-                for att, dl, dc, pm in (
-                    ("dot", 0.0, 0.0, 0), ("mahalanobis", 0.0, 0.0, 4096),
-                    ("matroidal", gap + noise * (s - 1), cv_gap, 512),
-                ):  # fmt: skip
-                    rows.append({
-                        "slice": "main", "dataset": ds, "fraction": frac, "attention": att,
-                        "seed": s, "val_loss": 2.0 + 0.1 * s + dl, "grad_norm_cv": 1 + dc,
-                        "nonfinite_logits": 0.0, "nonfinite_out": 0.0, "params_metric": pm,
-                    })  # fmt: skip
-    return pd.DataFrame(rows)
+def test_movement_extrapolates_the_power_law_to_the_material_change():
+    rows = [{"slice": "steps" if n != 400 else "main", "dataset": "digits", "fraction": 1.0,
+             "arm": arm, "seed": s, "steps": n,
+             "metric_change": c * (n / 100) ** 0.5, "coef_change": c * (n / 100) ** 0.5}
+            for arm, c in (("matroidal", 0.01), ("dense", 0.2)) for n in (100, 400, 1600)
+            for s in range(3)]  # fmt: skip
+    runs = pd.DataFrame(rows)
+    # matroidal: 0.01 sqrt(n / 100) = 0.25 at n = 100 * 25^2 = 62,500 steps
+    assert an.steps_to_material(runs, "matroidal") == pytest.approx(62_500, rel=1e-6)
+    assert an.steps_to_material(runs, "dense") == 400  # 0.2 sqrt(4) = 0.4 >= 0.25 at 400 steps
+    table = an.movement_table(runs)
+    assert table[table.arm == "dense"].material.tolist() == [False, True, True]
 
 
-def test_verdict_calls_follow_the_paired_interval():
-    better = ex.verdict_table(fake_runs(-0.5))
-    assert better["(a) loss vs dense"].str.startswith("better (-0.500)").all()
-    assert (better.criterion == "holds").all() and better._better.all()
-    assert better._dloss.to_numpy() == pytest.approx(-0.5)
-    assert ex.hypothesis_status(better, 0.1) == "supported in 4 cell(s) (2 of them at fraction 0.1)"
-    worse = ex.verdict_table(fake_runs(+0.5))
-    assert (worse.criterion == "fails").all() and worse["(a) loss vs dense"].str.startswith(
-        "worse"
-    ).all()
-    assert ex.hypothesis_status(worse, 0.1).startswith("contradicted in digits at 0.1")
-    equal = ex.verdict_table(fake_runs(0.0, noise=0.2))
-    half = st.t.ppf(0.975, 2) * 0.2 / math.sqrt(3)  # the paired differences are -0.2, 0, 0.2
-    assert (equal["(a) loss vs dense"] == f"equal within +-{half:.3f}").all()
-    assert equal._half.to_numpy() == pytest.approx(half)
-    assert ex.hypothesis_status(equal, 0.1).startswith("neither supported nor contradicted")
-    unstable = fake_runs(-0.5)
-    unstable.loc[unstable.attention == "matroidal", "nonfinite_out"] = 1.0
-    assert (ex.verdict_table(unstable).criterion == "fails").all()
+def test_prune_summary_sets_the_smallest_weights_against_random_columns():
+    text = an.prune_summary(fake_runs())
+    assert "digits at fraction 1, 0.25 removed: -0.001 against -0.010" in text
+    assert (
+        "ptb-char at fraction 1, 0.25 removed: -0.001 against -0.010" in text
+    )  # bpc: sign flipped
 
 
-def test_prune_summary_and_table_report_kept_fraction_and_loss_change():
-    runs = pd.DataFrame({
-        "slice": ["m", "m", "main"], "config": ["m/1d", "m/1d", "main/x"], "seed": [0, 1, 0],
-        "val_loss": [1.0, 2.0, 3.0], "pruned_val_loss@0.5": [1.5, 2.5, 3.0],
-        "pruned_kept@0.5": [0.25, 0.75, 1.0],
-    })  # fmt: skip
-    assert ex.prune_summary(runs) == "0.5: kept 0.67, change +0.333 nats"
-    table = ex.prune_table(runs)
-    assert table.config.tolist() == ["m/1d"] and table["change"].iloc[0] == "0.5 [0.5, 0.5]"
+def test_seeds_needed_resolve_the_sesoi_at_the_spread_seen():
+    runs = fake_runs(noise=0.01)  # paired differences -0.01, 0, 0.01: sd 0.01
+    need = an.seeds_needed(runs)
+    sd = 0.01
+    for ds, sesoi in (("digits", ex.SESOI["val_acc"]), ("ptb-char", ex.SESOI["val_bpc"])):
+        n = need[ds]
+        assert st.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < sesoi
+        assert n == 3 or st.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1) >= sesoi
 
 
-def test_loss_against_fraction_plots_the_mean_per_variant_and_data_set():
-    runs = fake_runs(-0.5)
-    fig = ex.loss_against_fraction(runs, ["digits", "ptb-char"], [0.1, 1.0])
-    assert len(fig.data) == 6
-    mat = fig.data[2]
-    assert mat.name == "matroidal (digits)" and list(mat.x) == [0.1, 1.0]
-    assert list(mat.y) == pytest.approx([2.1 - 0.5, 2.1 - 0.5])
-    assert fig.data[3].line.dash == "dot"
+def test_long_preset_cost_is_its_steps_times_the_measured_time_per_step():
+    runs = fake_runs().assign(train_time_s=lambda r: 0.036 * r.steps)  # 36 ms per step, any arm
+    grid = ex.chapter_grid(**ex.PRESETS["long"])
+    hours = sum(p["train"]["steps"] for p in grid.values()) * 6 * 0.036 / 3600
+    text = an.long_preset_text(runs, ex.PRESETS["long"], [0, 1, 2, 3, 4, 5])
+    assert f"{len(grid)} configurations x 6 seeds" in text
+    assert f"about {hours:.0f} CPU-hours" in text
 
 
-# -- the chapter's checks of the metric (sections 1 to 3) -------------------------------------
+# -- the claims ----------------------------------------------------------------------------------
+
+
+def test_every_matroidal_claim_names_a_heading_of_chapter_5():
+    headings = {h.strip() for h in re.findall(r"^# #+ (.+)$", CHAPTER.read_text(), flags=re.M)}
+    for c in CLAIMS:
+        if c.module == "attention_atlas.experiments.matroidal":
+            assert c.chapter == CHAPTER.stem and c.section in headings, c.key
+
+
+@pytest.mark.slow
+def test_outcomes_in_smoke_cover_every_matroidal_claim():
+    out = ex.outcomes(smoke=True)
+    assert set(out) == MINE
+    for key in ("matroidal/unimodular", "matroidal/psd", "matroidal/fast-path"):
+        assert out[key].outcome == "supported", out[key]
+    for key in MINE - {"matroidal/unimodular", "matroidal/psd", "matroidal/fast-path"}:
+        assert out[key].outcome == "not tested", out[key]  # 2 steps: not a decisive scale
+
+
+def test_math_outcomes_are_supported_and_fail_on_broken_checks(monkeypatch):
+    out = checks.math_outcomes(smoke=True)
+    assert {k: o.outcome for k, o in out.items()} == dict.fromkeys(
+        ["matroidal/unimodular", "matroidal/psd", "matroidal/fast-path"], "supported"
+    )
+    monkeypatch.setattr(checks, "is_totally_unimodular", lambda A: False)
+    monkeypatch.setattr(checks, "decomposition_errors", lambda *a, **k: {
+        "decomposition": 1e-3, "factor": 0.0, "min_eig_minus_eps": 0.0})  # fmt: skip
+    monkeypatch.setattr(checks, "fast_path_errors", lambda *a, **k: (1e-3, 0.0))
+    broken = checks.math_outcomes(smoke=True)
+    assert {o.outcome for o in broken.values()} == {"contradicted"}
+
+
+# -- the chapter's checks of the metric (sections 1 to 4) -------------------------------------
 
 
 def test_unimodularity_survey_certifies_every_incidence_family_and_no_contrast():
     tu = checks.unimodularity_survey(5, seed=1)
     inc = tu[tu.family.isin(GRAPH_FAMILIES)]
-    assert set(inc.family) == set(GRAPH_FAMILIES) and inc.iloc[:, 2:].all().all()
-    assert not tu[tu.family.isin(CONTRAST_FAMILIES)].iloc[:, 2:].any().any()
-    summary = checks.unimodularity_summary(tu).set_index("family")
-    assert summary.loc["complete", "m_values"] == "10..10 (1)"
-    assert summary.loc["ring_chords"].tolist() == ["5..10 (6)", 6, 6]
+    assert set(inc.family) == set(GRAPH_FAMILIES)
+    assert inc["signed incidence"].all() and inc["totally unimodular (exhaustive)"].all()
+    assert (inc["rank"] == np.where(inc.grounded, 5, 4)).all()  # connected graphs on 5 nodes
+    con = tu[tu.family.isin(CONTRAST_FAMILIES)]
+    assert not con["signed incidence"].any() and not con["totally unimodular (exhaustive)"].any()
+    summary = checks.unimodularity_summary(tu).set_index(["family", "grounded"])
+    assert summary.loc[("complete", False), "m_values"] == "10..10 (1)"
+    assert summary.loc[("ring_chords", True)].tolist() == ["5..10 (6)", 6, 6, 6]
+    assert summary.loc[("ring_chords", False), "spans"] == 0
 
 
-def test_metric_cases_are_the_feasible_family_and_m_pairs():
-    cases = checks.metric_cases(9)
-    assert len(cases) == 11 and {f for f, _ in cases} == set(GRAPH_FAMILIES)
-    assert ("complete", 36) in cases and ("ring", 18) not in cases
+def test_null_directions_every_incidence_family_misses_the_all_ones_direction():
+    null = checks.null_directions(8, 16).set_index(["family", "grounded"])
+    for f in GRAPH_FAMILIES:
+        if (f, False) in null.index:
+            bare, grounded = null.loc[(f, False)], null.loc[(f, True)]
+            assert bare["lambda_min / eps"] == pytest.approx(1.0, abs=1e-6)
+            assert bare["|<v_min, 1>|"] == pytest.approx(1.0, abs=1e-9) and bare["rank"] == 7
+            assert grounded["rank"] == 8 and grounded["lambda_min / eps"] > 10
+    assert null.loc[("dense", False), "ones Rayleigh"] == pytest.approx(1.0)
+
+
+def test_metric_view_recomputes_the_metric_for_each_control():
+    a = checks.metric_view(12, "ring_chords", False, d=6)
+    b = checks.metric_view(12, "knn", False, d=6)
+    c = checks.metric_view(12, "ring_chords", True, d=6)
+    assert len(a.data) == 3 and "rank 5" in a.layout.title.text and "rank 6" in c.layout.title.text
+    assert not np.array_equal(a.data[0].z, b.data[0].z) and not np.array_equal(
+        a.data[1].y, c.data[1].y
+    )
+    P = np.asarray(a.data[2].z)
+    assert np.allclose(P.sum(1), 1) and (P.argmax(1) == np.arange(len(P))).all()  # one z: S_ii max
+    assert (
+        "exactly d(d-1)/2=15 edges"
+        in checks.metric_view(9, "complete", False, d=6).layout.title.text
+    )
+
+
+def test_memory_growth_is_linear_for_the_fast_path_and_quadratic_for_the_pseudocode():
+    mem = checks.memory_growth([64, 128, 256], head_dim=8, m=16, heads=2)
+    slope = checks.loglog_slope(mem)
+    assert slope["matroidal"] < 1.2 and slope["pseudocode (L, L, m) tensor"] == pytest.approx(2.0)
+    assert (mem["matroidal"] > 0).all()
+
+
+def test_step_costs_report_every_arm_against_dot_with_its_flop_ratio():
+    table = checks.step_costs("digits", ["matroidal", "matroidal-qk"], dim=32, m=32, reps=1)
+    assert table.index.tolist() == ["dot", "matroidal", "matroidal-qk"]
+    assert table.loc["dot", "ratio to dot"] == 1 and (table["step ms"] > 0).all()
+    # one z drops the key projection (fewer FLOPs than dot); q - k adds the folded d x d maps
+    assert table.loc["matroidal", "FLOP ratio"] < 1 < table.loc["matroidal-qk", "FLOP ratio"]
 
 
 def test_decomposition_errors_are_rounding_and_catch_a_wrong_metric(monkeypatch):

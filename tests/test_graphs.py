@@ -11,6 +11,7 @@ from attention_atlas.attention.graphs import (
     covector_matrix,
     graph_edges,
     graph_family_admits,
+    ground_columns,
     is_signed_incidence,
     is_totally_unimodular,
 )
@@ -90,3 +91,33 @@ def test_tu_checker_on_known_matrices():
 def test_tu_checker_refuses_rather_than_guesses_when_too_large():
     with pytest.raises(ValueError, match="max_minors"):
         is_totally_unimodular(covector_matrix("random", 12, 60), max_minors=1000)
+
+
+@pytest.mark.parametrize("family,m", CASES)
+def test_incidence_columns_miss_the_all_ones_direction_and_grounding_restores_rank_d(family, m):
+    """A^T 1 = 0 for every incidence family (rank d - components); the grounded A has one unit
+    column per connected component, spans R^d and is still a signed incidence matrix (TU)."""
+    A = covector_matrix(family, D, m, seed=3, dtype=torch.float64)
+    assert torch.equal(
+        A.T @ torch.ones(D, dtype=torch.float64), torch.zeros(m, dtype=torch.float64)
+    )
+    G = covector_matrix(family, D, m, seed=3, grounded=True, dtype=torch.float64)
+    c = G.shape[1] - m
+    assert torch.equal(G[:, :m], A) and c >= 1
+    assert int(torch.linalg.matrix_rank(A)) == D - c and int(torch.linalg.matrix_rank(G)) == D
+    assert is_signed_incidence(G)
+
+
+def test_ground_columns_put_one_unit_column_on_the_lowest_node_of_each_component():
+    edges = [(0, 1), (1, 2), (4, 5)]  # components {0, 1, 2}, {3}, {4, 5} on 6 nodes
+    G = ground_columns(edges, 6)
+    expected = torch.zeros(6, 3)
+    expected[0, 0] = expected[3, 1] = expected[4, 2] = 1.0
+    assert torch.equal(G, expected)
+    A = torch.cat([covector_matrix("ring", 5, 5), ground_columns(graph_edges("ring", 5, 5), 5)], 1)
+    assert is_totally_unimodular(A)  # exhaustive: the ring plus a ground column is TU
+
+
+def test_grounding_a_contrast_family_is_an_error():
+    with pytest.raises(ValueError, match="grounded applies to the graph families"):
+        covector_matrix("unsigned", 6, 8, grounded=True)

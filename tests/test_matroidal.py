@@ -1,4 +1,5 @@
-"""Matroidal and dense Mahalanobis distance attention (attention/matroidal.py, chapter 5)."""
+"""Matroidal and dense Mahalanobis distance attention (attention/matroidal.py and
+attention/mahalanobis.py, chapter 5)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,19 @@ import torch
 from attention_atlas.attention import build_attention
 from attention_atlas.attention.dot import masked_softmax
 from attention_atlas.attention.graphs import GRAPH_FAMILIES, covector_matrix, graph_family_admits
-from attention_atlas.attention.matroidal import (
+from attention_atlas.attention.mahalanobis import (
     MahalanobisAttention,
-    MatroidalAttention,
     mahalanobis_attention,
     mahalanobis_logits,
+    metric_factor,
+)
+from attention_atlas.attention.matroidal import (
+    MatroidalAttention,
     matroidal_attention,
     matroidal_coefficients,
     matroidal_factor,
     matroidal_logits,
     matroidal_metric,
-    metric_factor,
     prune_columns,
 )
 
@@ -163,10 +166,18 @@ def test_dense_mahalanobis_fast_path_and_gradcheck():
 # -- modules ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["matroidal", "mahalanobis"])
-def test_module_fast_path_equals_its_explicit_reference(name):
+MODULE_CASES = [
+    ("matroidal", {"m": 16, "graph": "ring_chords"}),
+    ("matroidal", {"m": 16, "graph": "ring_chords", "grounded": True, "shared": True}),
+    ("matroidal", {"m": 8, "graph": "ring", "shared": True, "bias": True}),
+    ("mahalanobis", {}),
+    ("mahalanobis", {"shared": True, "bias": True}),
+]
+
+
+@pytest.mark.parametrize("name,opts", MODULE_CASES)
+def test_module_fast_path_equals_its_explicit_reference(name, opts):
     torch.manual_seed(0)
-    opts = {"m": 16, "graph": "ring_chords"} if name == "matroidal" else {}
     attn = build_attention(name, dim=32, n_heads=4, **opts).double()
     with torch.no_grad():  # move off the initial metric so every head differs
         for p in attn.metric_parameters():
@@ -181,16 +192,61 @@ def test_module_fast_path_equals_its_explicit_reference(name):
         assert slow.probs is not None and int(slow.diagnostics["nonfinite_logits"]) == 0
 
 
-def test_module_gradcheck_through_the_fast_path():
+@pytest.mark.parametrize("shared", [False, True])
+def test_module_gradcheck_through_the_fast_path(shared):
     torch.manual_seed(0)
-    attn = MatroidalAttention(12, 2, m=12, graph="knn").double()
-    x = torch.randn(1, 5, 12, dtype=D64)
-    theta = attn.theta
+    attn = MatroidalAttention(12, 2, m=12, graph="knn", shared=shared, bias=True).double()
+    x = torch.randn(1, 5, 12, dtype=D64, requires_grad=True)
+    names = ("theta", "qkv.weight", "qkv.bias")  # the metric and the weights R is folded into
+    params = [
+        p.detach().clone().requires_grad_() for p in (attn.theta, attn.qkv.weight, attn.qkv.bias)
+    ]
 
-    def f(th):
-        return torch.func.functional_call(attn, {"theta": th}, (x,), {"causal": True}).out
+    def f(xx, *ps):
+        return torch.func.functional_call(attn, dict(zip(names, ps)), (xx,), {"causal": True}).out
 
-    assert torch.autograd.gradcheck(f, (theta.detach().clone().requires_grad_(),))
+    assert torch.autograd.gradcheck(f, (x, *params))
+
+
+def test_the_shared_form_scores_one_projection_z_as_the_seeds_pseudocode():
+    """shared=True: z = x W_z (one projection for queries and keys), logits from
+    matroidal_logits(z) per head, as the seed writes them; the projection has two blocks."""
+    torch.manual_seed(0)
+    D, H, d, n = 24, 3, 8, 7
+    attn = MatroidalAttention(D, H, m=16, graph="ring_chords", shared=True).double()
+    with torch.no_grad():
+        attn.theta.add_(torch.randn_like(attn.theta))
+    assert attn.qkv.weight.shape == (2 * H * d, D)
+    x = torch.randn(2, n, D, dtype=D64)
+    Wz, Wv = attn.qkv.weight[: H * d].view(H, d, D), attn.qkv.weight[H * d :].view(H, d, D)
+    heads = []
+    for h in range(H):
+        z, v = x @ Wz[h].T, x @ Wv[h].T  # (2, n, d)
+        logits = matroidal_logits(z, attn.A[h].double(), attn.theta[h], attn.eps, attn.tau)
+        assert (logits.diagonal(dim1=-2, dim2=-1) == 0).all()  # S_ii = 0, the row maximum
+        assert (logits <= 0).all()
+        keep = torch.ones(n, n, dtype=torch.bool).tril()
+        heads.append(masked_softmax(logits, keep) @ v)
+    ref = attn.proj(torch.cat(heads, -1))
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, causal=True).out, ref, rtol=0, atol=1e-10)
+
+
+def test_shared_and_separate_forms_differ_and_both_models_train_a_step():
+    from attention_atlas.models import ModelConfig
+
+    x = torch.randn(2, 6, 16)
+    outs = {}
+    for shared in (False, True):
+        torch.manual_seed(0)
+        cfg = ModelConfig(task="classify", patch_dim=16, dim=16, n_layers=1, n_heads=2,
+                          attention="matroidal", attention_options={"m": 8, "shared": shared})  # fmt: skip
+        model = cfg.build()
+        out = model(x).logits
+        out.sum().backward()
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+        outs[shared] = out.detach()
+    assert not torch.allclose(outs[False], outs[True])
 
 
 def test_metric_parameters_separate_the_geometry():
@@ -205,6 +261,19 @@ def test_metric_parameters_separate_the_geometry():
         m.metric().diagonal(dim1=-2, dim2=-1).sum(-1), torch.full((8,), d + d * 1e-4)
     )
     torch.testing.assert_close(w.metric(), (1 + 1e-4) * torch.eye(d).expand(8, d, d))
+
+
+@pytest.mark.parametrize(
+    "graph,grounded", [("ring_chords", False), ("ring_chords", True), ("random", True),
+                       ("sparse_random", False), ("unsigned", False)],
+)  # fmt: skip
+def test_initial_trace_of_M_is_head_dim_for_every_family(graph, grounded):
+    """init_weight = d / |A|_F^2, so trace(M) = d + eps d whatever the column norms."""
+    d = 12
+    attn = MatroidalAttention(48, 4, m=24, graph=graph, grounded=grounded).double()
+    trace = attn.metric().diagonal(dim1=-2, dim2=-1).sum(-1)
+    torch.testing.assert_close(trace, torch.full((4,), d * (1 + 1e-4), dtype=D64))
+    assert (attn.m > 24) == grounded  # a ground column per connected component
 
 
 def test_pruning_keeps_outputs_of_the_kept_columns():
@@ -263,14 +332,39 @@ def test_clear_errors():
         matroidal_logits(torch.randn(2, 5, 5), A, theta, 1e-4, 1.0)
     with pytest.raises(ValueError, match=r"theta must have shape \(\.\.\., m=4\)"):
         matroidal_attention(z, z, A, torch.zeros(5), 1e-4, 1.0)
-    with pytest.raises(ValueError, match="z must have shape"):
+    with pytest.raises(ValueError, match=r"z must have shape \(batch, \.\.\., n, d\), got \(4,\)"):
         matroidal_logits(torch.randn(4), A, theta, 1e-4, 1.0)
-    with pytest.raises(ValueError, match="k and v must have the same length"):
+    with pytest.raises(
+        ValueError, match=r"z must have shape \(batch, \.\.\., n, d\), got \(5, 4\)"
+    ):
+        matroidal_logits(torch.randn(5, 4), A, theta, 1e-4, 1.0)  # no batch dimension
+    with pytest.raises(ValueError, match=r"z must have shape .*got \(5, 4\)"):
+        matroidal_attention(torch.randn(5, 4), torch.randn(5, 4), A, theta, 1e-4, 1.0)
+    with pytest.raises(
+        ValueError, match=r"v must have shape .* like z \(2, 5, 4\), got \(2, 6, 4\)"
+    ):
         matroidal_attention(z, torch.randn(2, 6, 4), A, theta, 1e-4, 1.0)
+    with pytest.raises(ValueError, match="z and v must share a dtype"):
+        matroidal_attention(z, z.double(), A, theta, 1e-4, 1.0)
+    with pytest.raises(
+        ValueError, match=r"z, A, theta must be on one device, got z on cpu, A on meta"
+    ):
+        matroidal_attention(z, z, A.to("meta"), theta, 1e-4, 1.0)
+    with pytest.raises(ValueError, match=r"z, A, theta must be on one device.*theta on meta"):
+        matroidal_logits(z, A, theta.to("meta"), 1e-4, 1.0)
+    with pytest.raises(TypeError, match="A must be a torch.Tensor"):
+        matroidal_logits(z, A.tolist(), theta, 1e-4, 1.0)
     with pytest.raises(ValueError, match="eps must be positive"):
         MatroidalAttention(16, 2, eps=0.0)
-    with pytest.raises(ValueError, match="W must have shape"):
+    with pytest.raises(ValueError, match=r"W must have shape \(\.\.\., d=4, r\), got \(5, 5\)"):
         mahalanobis_logits(z, z, torch.randn(5, 5), 1e-4, 1.0)
+    with pytest.raises(ValueError, match="grounded applies to the graph families"):
+        MatroidalAttention(16, 2, m=8, graph="sparse_random", grounded=True)
+    from attention_atlas.attention.euclidean import EuclideanAttention
+
+    for tau in (0.0, -1.0):
+        with pytest.raises(ValueError, match=f"tau must be positive .*got tau={tau}"):
+            EuclideanAttention(16, 2, tau=tau)  # at construction, not at the first forward
 
 
 def test_fast_path_runs_the_cpu_flash_kernel_at_head_dimension_d():

@@ -152,6 +152,8 @@ class EuclideanAttention(Attention):
     def __init__(self, dim: int, n_heads: int, tau: float | None = None, **kwargs) -> None:
         super().__init__(dim, n_heads, **kwargs)
         self.tau = float(tau) if tau is not None else (2.0 * self.head_dim) ** 0.5
+        if not self.tau > 0:
+            raise ValueError(f"tau must be positive (a temperature), got tau={tau}")
 
     def attend(
         self,

@@ -7,6 +7,13 @@ This module names the graph families (:func:`graph_edges`), builds their inciden
 matrices (:func:`incidence_matrix`, :func:`covector_matrix`, with two non-incidence contrast
 families), and checks total unimodularity structurally (:func:`is_signed_incidence`) and
 exhaustively (:func:`is_totally_unimodular`).
+
+Every incidence column ``e_i - e_j`` is orthogonal to the all-ones vector, so an incidence
+matrix never spans ``R^d``: ``A^T 1 = 0`` and the metric ``A diag(l) A^T + eps I`` has
+eigenvalue ``eps`` along ``1`` (one null direction per connected component of the graph).
+``grounded=True`` appends one unit column ``e_r`` per component (``r`` its lowest node: a
+"half-edge" to ground), which keeps ``A`` a signed incidence matrix, hence totally unimodular,
+and makes it span ``R^d`` (:func:`ground_columns`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ __all__ = [
     "covector_matrix",
     "graph_edges",
     "graph_family_admits",
+    "ground_columns",
     "incidence_matrix",
     "is_signed_incidence",
     "is_totally_unimodular",
@@ -121,16 +129,55 @@ def incidence_matrix(
     return A
 
 
-def covector_matrix(
-    family: str, d: int, m: int, *, seed: int = 0, dtype: torch.dtype = torch.float32
+def ground_columns(
+    edges: list[tuple[int, int]], d: int, *, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """The sparse covector matrix ``A (d, m)`` of a named family.
+    """Unit columns ``e_r (d, c)``, one per connected component of the graph ``edges`` on ``d``
+    nodes (``r`` the component's lowest node; an isolated node is its own component), in
+    increasing ``r``. ``[incidence | ground]`` has rank ``d``: each component's incidence spans
+    the vectors summing to zero on it, and ``e_r`` adds the component's all-ones direction."""
+    parent = list(range(d))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in edges:
+        a, b = root(i), root(j)
+        parent[max(a, b)] = min(a, b)  # the root of a component stays its lowest node
+    roots = sorted({root(i) for i in range(d)})
+    G = torch.zeros(d, len(roots), dtype=dtype)
+    G[roots, torch.arange(len(roots))] = 1.0
+    return G
+
+
+def covector_matrix(
+    family: str,
+    d: int,
+    m: int,
+    *,
+    seed: int = 0,
+    grounded: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """The sparse covector matrix ``A (d, m)`` of a named family (``(d, m + c)`` when grounded).
 
     Graph families (:data:`GRAPH_FAMILIES`) give signed incidence columns ``e_i - e_j``, which
     are totally unimodular; the contrast families (:data:`CONTRAST_FAMILIES`) do not in general.
+    ``grounded`` (graph families only) appends :func:`ground_columns`, one per connected
+    component (``c = 1`` for a connected graph), so that ``A`` spans ``R^d``.
     """
+    if grounded and family not in GRAPH_FAMILIES:
+        raise ValueError(
+            f"grounded applies to the graph families {', '.join(GRAPH_FAMILIES)} (whose columns "
+            f"miss the all-ones direction), got family {family!r}"
+        )
     if family in GRAPH_FAMILIES:
-        return incidence_matrix(graph_edges(family, d, m, seed=seed), d, dtype=dtype)
+        edges = graph_edges(family, d, m, seed=seed)
+        A = incidence_matrix(edges, d, dtype=dtype)
+        return torch.cat([A, ground_columns(edges, d, dtype=dtype)], 1) if grounded else A
     if family == "unsigned":
         return incidence_matrix(graph_edges(family, d, m, seed=seed), d, signed=False, dtype=dtype)
     if family == "sparse_random":

@@ -56,7 +56,7 @@ VARIANTS: dict[str, str] = {
     "dot": "attention_atlas.attention.dot:DotProductAttention",
     "euclidean": "attention_atlas.attention.euclidean:EuclideanAttention",
     "matroidal": "attention_atlas.attention.matroidal:MatroidalAttention",
-    "mahalanobis": "attention_atlas.attention.matroidal:MahalanobisAttention",
+    "mahalanobis": "attention_atlas.attention.mahalanobis:MahalanobisAttention",
     "riemannian": "attention_atlas.attention.riemannian:RiemannianAttention",
     "fiber_bundle": "attention_atlas.attention.riemannian:FiberBundleAttention",
     "ssm": "attention_atlas.attention.sma.module:SSMAttention",
