@@ -14,6 +14,7 @@ Commands:
           [--backend local|dask] [--workers N] [--address HOST:PORT]        (local pool or Dask)
     results list | show EXPERIMENT PRESET | verify [--sample N]         the stored results
     data {where,verify,fetch}                                           the data files
+    claims [--json] [--seed S] [--smoke]                                the claims register
     lab [CHAPTER] [--smoke] [--port P] [--token T]                      JupyterLab, widgets live
     serve [--port P] [--jupyter-port P] [--smoke]                       the book, live on a kernel
 
@@ -42,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "attention_atlas.sweep",
     "results": "attention_atlas.results",
     "data": "attention_atlas.data.cli",
+    "claims": "attention_atlas.claims",
     "lab": "attention_atlas.lab",  # registers lab and serve
     "serve": "attention_atlas.lab",
 }
