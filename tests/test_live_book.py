@@ -137,5 +137,6 @@ def test_going_live_runs_the_page_and_the_main_control_reaches_the_kernel(
             raise
         finally:
             browser.close()
+            served.shutdown_kernels()  # the next chapter starts on a machine at rest
     assert not blocked, f"the live page asked other hosts: {blocked[:10]}"
     assert not page_errors, f"errors in the page: {page_errors[:10]}"
