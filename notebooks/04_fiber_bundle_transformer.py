@@ -584,9 +584,7 @@ display(summary)
 counts = pd.Series([o.outcome for o in OUT.values()]).value_counts()
 elapsed = time.perf_counter() - t_chapter
 viz.markdown(
-    "Outcomes: "
-    + ", ".join(f"{n} {k}" for k, n in counts.items())
-    + f". The training predictions "
+    "Outcomes: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f". The training predictions "
     f"rest on {len(runs.df)} runs ({len(runs.grid)} configurations x {len(SEEDS)} seeds) at "
     f"{SCALE.text()}; {PROVENANCE}. This execution of the chapter took {elapsed:.0f} s."
 )
