@@ -161,7 +161,7 @@ def test_explore_window_keeps_one_texts_attention_and_kappa() -> None:
     assert rec["text"] == "".join(data.vocab.itos[int(i)] for i in x[0])
     out = model(x, need_weights=True)
     A = np.array(rec["attention_2"])
-    np.testing.assert_allclose(A, out.attentions[1].probs[0].mean(0).detach(), atol=5e-5)
+    np.testing.assert_allclose(A, out.attentions[1].probs[0].mean(0).detach(), atol=5e-4)
     assert A.shape == (10, 10) and np.allclose(np.triu(A, 1), 0)  # causal
     kappa = (out.attentions[0].extras["metric_factor"][0] ** 2).sum((-1, -2)).mean(0)
     np.testing.assert_allclose(rec["kappa_1"], kappa.detach(), rtol=1e-3)
