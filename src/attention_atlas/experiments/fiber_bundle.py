@@ -115,7 +115,7 @@ def chapter_grid(
     ``fbt_reg-l2`` (an l2 penalty on ``kappa_t`` as strong as the task gradient at
     initialisation, :func:`matched_l2_weight`), ``fbt_alpha-<a>`` (P2), ``fbt_rank-<r>`` (P6),
     ``fbt_kappa-<c>`` (P1), and with ``ablations`` ``fbt_no-<phase>`` (each phase off alone) and
-    ``fbt_cayley``. Every configuration evaluates at each training alpha of P2.
+    ``fbt_cayley``. The arms of P2 are evaluated at each training alpha.
     """
     eval_alphas = sorted({float(a) for a in alphas} | {1.0})
     scale = kappa_scale(dim, n_heads, seq_len)
@@ -127,13 +127,13 @@ def chapter_grid(
     model = {"dim": dim, "n_layers": n_layers, "n_heads": n_heads, "max_len": seq_len}
     measure = {"analyse_seqs": analyse_seqs, "explore_len": explore_len}
 
-    def fbt(rank: int = 4, alpha: float = 1.0, reg: str = "three",
-            factor: float = default_kappa_factor, **options: Any) -> dict[str, Any]:  # fmt: skip
+    def fbt(rank: int = 4, alpha: float = 1.0, reg: str = "three", factor: float = default_kappa_factor,
+            evals: bool = False, **options: Any) -> dict[str, Any]:  # fmt: skip
         return {
             "kind": "fbt", "model": {**model, "rank": rank, "alpha": alpha, **options},
             "train": train, "reg": {"kind": reg, "kappa_max": factor * scale,
                                     "kappa_min": 0.5 * factor * scale, "weights": reg_weights or {}},
-            "kappa_factor": factor, "eval_alphas": eval_alphas, **measure,
+            "kappa_factor": factor, "eval_alphas": eval_alphas if evals else [], **measure,
         }  # fmt: skip
 
     grid: dict[str, dict[str, Any]] = {
@@ -147,13 +147,13 @@ def chapter_grid(
             "train": train,
             **measure,
         }
-    grid["fbt"] = fbt()
+    grid["fbt"] = fbt(evals=True)
     grid["fbt_reg-none"] = fbt(reg="none")
     grid["fbt_noise"] = fbt(reg="none", metric_gradient="noise")
     grid["fbt_reg-l2"] = fbt(reg="l2-matched")
     for a in alphas:
         if a != 1.0:
-            grid[f"fbt_alpha-{a:g}"] = fbt(alpha=a)
+            grid[f"fbt_alpha-{a:g}"] = fbt(alpha=a, evals=True)
     for r in ranks:
         if r != 4:
             grid[f"fbt_rank-{r}"] = fbt(rank=r)
