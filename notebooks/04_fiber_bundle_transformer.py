@@ -336,9 +336,9 @@ viz.markdown(
 # $\lVert U_t \rVert$, the metric factors collapse to zero. Every place $U$ enters (the geodesic
 # score, A++, the curvature proxy, the preconditioned step) is quadratic in $U$, so $U = 0$ is a
 # stationary point of the loss. But "the metric grows" is no evidence against collapse on its own:
-# MetricNet starts near zero (last layer at scale 0.02) and Adam moves every weight by about the
-# learning rate per step whatever the gradient, so the metric grows under *any* zero-mean gradient
-# noise. The control is therefore the default model without regulariser whose MetricNet weights
+# MetricNet's last layer starts small, and Adam moves every weight by about the learning rate per
+# step whatever the gradient's size, so the metric can grow under zero-mean gradient noise alone.
+# The control measures how much: the default model without regulariser whose MetricNet weights
 # receive Gaussian noise of the true gradient's size instead of the gradient
 # (`FiberBundleConfig(metric_gradient="noise")`; the rest of the model gets the task gradient).
 # The effect: the change of $\log_{10}$ of the mean $\kappa_t$ over training (same validation
