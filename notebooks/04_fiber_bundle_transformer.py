@@ -68,7 +68,7 @@ batch_size = 8  # sequences per step
 ranks = [1, 4, 8]  # metric ranks r (P6); 4 is the default model
 alphas = [0.0, 1.0]  # training alphas (P2); 1 is the default model
 kappa_factors = [0.1, 1.0, 10.0]  # kappa_max in units of tau / L (P1); 1 is the default model
-dot_temperatures = [0.5, 0.25, 0.1]  # attention temperatures of the dot-product controls (P5)
+dot_temperatures = [0.5, 0.25, 0.1, 0.05, 0.025]  # attention temperatures of the dot controls (P5)
 analyse_seqs = 32  # validation windows for the post-training measurements
 final_eval_batches = 8  # validation batches (of 32 windows) for the final bits per character
 explore_len = 32  # characters of the text each run keeps for the exploration
@@ -163,8 +163,9 @@ viz.markdown(
     f"**The scale of these runs.** {SCALE.text()}. A character model whose dot-product baseline is "
     f"above 3 bits per character has learned little beyond character bigram statistics; runs at "
     f"this scale {regime}: {SCALE.reason() or 'the baseline has left the bigram regime'}. "
-    + ("Every training prediction below is therefore *not tested* here, whatever its interval "
-       "says; the intervals are shown for what they measure. The `long` preset "
+    + ("No training prediction below can be supported or contradicted here: an interval that "
+       "would decide one is reported as *not tested*, one that could not decide as *not resolved*; "
+       "the intervals are shown for what they measure. The `long` preset "
        "(`python -m attention_atlas sweep fiber-bundle --preset long`) is sized for a dot-product "
        "baseline below 2 bits per character; once it is stored, this chapter loads it."
        if not SCALE.decisive else "")

@@ -70,8 +70,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "book": {},
     "ablations": {"ablations": True},
     "long": {"steps": 4000, "dim": 128, "n_heads": 8, "batch_size": 32, "seq_len": 128,
-             "log_every": 200, "dot_temperatures": [0.5, 0.25, 0.1, 0.05], "analyse_seqs": 128,
-             "final_eval_batches": 64},
+             "log_every": 200, "analyse_seqs": 128, "final_eval_batches": 64},
 }  # fmt: skip
 
 
@@ -96,7 +95,7 @@ def chapter_grid(
     alphas: Sequence[float] = (0.0, 1.0),
     kappa_factors: Sequence[float] = (0.1, 1.0, 10.0),
     default_kappa_factor: float = 1.0,
-    dot_temperatures: Sequence[float] = (0.5, 0.25, 0.1),
+    dot_temperatures: Sequence[float] = (0.5, 0.25, 0.1, 0.05, 0.025),
     analyse_seqs: int = 32,
     final_eval_batches: int = 8,
     explore_len: int = 32,

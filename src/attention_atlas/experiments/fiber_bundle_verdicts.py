@@ -361,7 +361,8 @@ def outcomes_from_runs(
         ),  # fmt: skip
         "riemannian/overhead": outcome_from_verdict(
             overhead,
-            f"time per training step over dot product's, minus 1 ({cost_meta.get('shape', '')})",
+            f"log of the time per training step over dot product's ({cost_meta.get('shape', '')}; "
+            f"ratio {math.exp(overhead.effect.mean) if overhead.effect else math.nan:.2f})",
             scale=None,
             evidence="computed now (interleaved timing)",
         ),
