@@ -371,9 +371,9 @@ growth = "; ".join(f"{label}: {mean_interval(V.log_kappa_growth(runs, n)).format
                    for label, n in p3_arms.items())  # fmt: skip
 viz.markdown(
     f"**P3.** Change of $\\log_{{10}}$ mean $\\kappa_t$ over training: {growth}. Against the noise "
-    f"control: no regulariser {p3['none'].effect.format(2, signed=True)}, {p3['none'].outcome}; "
-    f"task-matched $\\ell_2$ (weight {runs.interval('fbt_reg-l2', 'l2_weight').format(spec='.3g')}) "
-    f"{p3['l2'].effect.format(2, signed=True)}, {p3['l2'].outcome} (smallest effect of interest a "
+    f"control: no regulariser {V.at_scale(p3['none'], SCALE)}; task-matched $\\ell_2$ (weight "
+    f"{runs.interval('fbt_reg-l2', 'l2_weight').format(spec='.3g')}) {V.at_scale(p3['l2'], SCALE)} "
+    f"(smallest effect of interest a "
     f"factor 2, {V.SESOI['log10_kappa']:.2f} in $\\log_{{10}}$). Outcome: {outcome_line('riemannian/P3')}."
 )
 
@@ -409,10 +409,10 @@ p4 = V.p4_verdicts(runs)
 viz.markdown(
     f"**P4.** CV of $\\kappa_t$: {runs.layer_interval('fbt', 'kappa_{l}_cv').format(3)} after "
     f"training, {runs.layer_interval('fbt', 'init_kappa_{l}_cv').format(3)} at initialisation: change "
-    f"{p4['cv'].effect.format(3, signed=True)}, {p4['cv'].outcome}. Rank correlation with surprisal: "
+    f"{V.at_scale(p4['cv'], SCALE)}. Rank correlation with surprisal: "
     f"{runs.layer_interval('fbt', 'kappa_{l}_spearman_surprisal').format(3, signed=True)} after, "
     f"{runs.layer_interval('fbt', 'init_kappa_{l}_spearman_surprisal').format(3, signed=True)} before: "
-    f"change {p4['spearman'].effect.format(3, signed=True)}, {p4['spearman'].outcome}. "
+    f"change {V.at_scale(p4['spearman'], SCALE)}. "
     f"Outcome: {outcome_line('riemannian/P4')}."
 )
 
@@ -448,11 +448,7 @@ unmatched = runs.paired("fbt_reg-none", "dot", f"erank_{LAST}")
 
 def p5_text(name):
     v = p5[name]
-    return (
-        v.effect.format(2, signed=True) + f", {v.outcome}"
-        if v.effect
-        else f"{v.outcome} ({v.reason})"
-    )
+    return V.at_scale(v, SCALE) if v.effect else f"{v.outcome} ({v.reason})"
 
 
 viz.markdown(

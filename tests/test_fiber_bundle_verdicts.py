@@ -224,3 +224,14 @@ def test_training_scale_counts_the_characters_of_a_run():
     scale = V.training_scale(runs_with())
     assert (scale.steps, scale.tokens, scale.seeds) == (200, 200 * 8 * 64, 5)
     assert scale.baseline == pytest.approx(2.0, abs=0.01) and scale.decisive
+
+
+def test_a_part_of_a_claim_is_stated_at_the_runs_scale_too():
+    runs = runs_with(fbt_reg_none=both_layers("kappa_{l}_mean", lambda s: 1000.0 * (1 + 0.02 * s)))
+    v = V.p3_verdicts(runs)["none"]  # growth far beyond the control: contradicted
+    assert v.outcome == "contradicted"
+    assert V.at_scale(v, V.training_scale(runs)).endswith(", contradicted")  # dot at 2 bpc
+    bigram = runs_with(dot={"val_bpc": 3.4}, fbt_reg_none=both_layers("kappa_{l}_mean", 1000.0))
+    assert V.at_scale(V.p3_verdicts(bigram)["none"], V.training_scale(bigram)).endswith(
+        "not tested"
+    )

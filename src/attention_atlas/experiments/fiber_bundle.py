@@ -59,13 +59,12 @@ __all__ = [
 EXPERIMENT = "fiber-bundle"
 #: parameter sets of ``python -m attention_atlas sweep fiber-bundle --preset NAME``; ``book`` is
 #: :func:`chapter_grid`'s defaults (the chapter's parameters cell). ``long`` is sized for the
-#: verdicts: a width-128 model (8 heads of width 16, the book's head width) on 128-character
-#: windows, batch 32,
-#: 4000 steps (16.4M training characters); measured here, the dot-product baseline at that shape
-#: reaches 1.71 bpc (seed 0; 1.96 by step 2000), below the 2.0 bpc the verdicts need. Run it at
-#: five seeds, ``--seeds 0 1 2 3 4``: about 120 CPU-hours at one thread per cell (measured per
-#: arm here: 0.22 CPU s per step for the dot-product models, 1.0 to 3.5 for the Fiber Bundle ones),
-#: the longest cell (r = 8) about 4 hours.
+#: verdicts: width 128 (8 heads of width 16, the book's head width), 128-character windows,
+#: batch 32, 4000 steps (16.4M training characters). Measured here, the dot-product baseline at
+#: that shape reaches 1.71 bpc (seed 0; 1.96 by step 2000), below the 2.0 bpc the verdicts need.
+#: Run it at five seeds, ``--seeds 0 1 2 3 4``: about 120 CPU-hours at one thread per cell
+#: (measured per arm here: 0.22 CPU s per step for the dot-product models, 1.0 to 3.5 for the
+#: Fiber Bundle ones), the longest cell (r = 8) about 4 hours.
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"steps": 6, "dim": 32, "n_heads": 2, "batch_size": 4, "seq_len": 32, "ranks": [1, 4],
               "alphas": [0.0, 1.0], "kappa_factors": [0.1, 10.0], "dot_temperatures": [0.5],

@@ -23,6 +23,7 @@ from .fiber_bundle_analysis import Runs
 
 __all__ = [
     "SESOI",
+    "at_scale",
     "SESOI_REASON",
     "eq25_counterexample",
     "matched_control",
@@ -77,6 +78,14 @@ def training_scale(runs: Runs) -> TrainingScale:
         seeds=len(runs.seeds),
         baseline=float(runs.per_seed("dot", "val_bpc").mean()),
     )
+
+
+def at_scale(v: Verdict, scale: TrainingScale) -> str:
+    """The outcome of ``v`` at the training scale ``scale``
+    (:func:`attention_atlas.claims.outcome_from_verdict`'s rule: below a decisive scale nothing is
+    supported or contradicted), with its effect: what the chapter says of one part of a claim."""
+    effect = f"{v.effect.format(3, signed=True, spec='.3g')}, " if v.effect is not None else ""
+    return effect + outcome_from_verdict(v, "", scale=scale).outcome
 
 
 def weakest(verdicts: list[Verdict]) -> Verdict:
@@ -335,15 +344,15 @@ def outcomes_from_runs(
             weakest([p3["none"], p3["l2"]]),
             "P3: growth of log10 mean "
             f"kappa minus the noise-gradient control's (no regulariser: "
-            f"{p3['none'].outcome}; task-matched l2: {p3['l2'].outcome})",
+            f"{at_scale(p3['none'], scale)}; task-matched l2: {at_scale(p3['l2'], scale)})",
             scale,
             evidence,
         ),  # fmt: skip
         "riemannian/P4": _training(
             weakest([p4["cv"], p4["spearman"]]),
             "P4: trained minus initial "
-            f"(CV of kappa_t: {p4['cv'].outcome}; Spearman with surprisal: "
-            f"{p4['spearman'].outcome})",
+            f"(CV of kappa_t: {at_scale(p4['cv'], scale)}; Spearman with surprisal: "
+            f"{at_scale(p4['spearman'], scale)})",
             scale,
             evidence,
         ),  # fmt: skip
