@@ -84,7 +84,7 @@ def at_scale(v: Verdict, scale: TrainingScale) -> str:
     """The outcome of ``v`` at the training scale ``scale``
     (:func:`attention_atlas.claims.outcome_from_verdict`'s rule: below a decisive scale nothing is
     supported or contradicted), with its effect: what the chapter says of one part of a claim."""
-    effect = f"{v.effect.format(3, signed=True, spec='.3g')}, " if v.effect is not None else ""
+    effect = f"{v.effect.format(spec='+.3g')}, " if v.effect is not None else ""
     return effect + outcome_from_verdict(v, "", scale=scale).outcome
 
 
