@@ -221,20 +221,24 @@ def run_view(config, seed):
     """Training curve, kappa_t over the text and the attention maps of one stored run."""
     rec, hist = runs.cells[(config, seed)], runs.history(config, seed)
     ex = rec["explore"]
-    chars = [c if c != " " else "_" for c in ex["text"]]
+    pos, chars = list(range(len(ex["text"]))), [c if c != " " else "_" for c in ex["text"]]
     fig = make_subplots(rows=2, cols=2, vertical_spacing=0.16, subplot_titles=(
         "validation bpc during training", "κ_t over the text (mean over heads)",
         "attention, block 1", f"attention, block {LAST}"))  # fmt: skip
     fig.add_trace(go.Scatter(x=hist["step"], y=hist["val_bpc"], name="val bpc"), row=1, col=1)
     for l in range(1, LAST + 1):
         if f"kappa_{l}" in ex:
-            fig.add_trace(go.Scatter(x=list(range(len(chars))), y=ex[f"kappa_{l}"],
-                                     name=f"κ_t block {l}"), row=1, col=2)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(x=pos, y=ex[f"kappa_{l}"], name=f"κ_t block {l}"), row=1, col=2
+            )
     for col, l in ((1, 1), (2, LAST)):
-        fig.add_trace(go.Heatmap(z=ex[f"attention_{l}"], x=chars, y=chars, colorscale="Viridis",
-                                 zmin=0, zmax=1, showscale=col == 2), row=2, col=col)  # fmt: skip
+        z = np.asarray(ex[f"attention_{l}"], dtype=np.float32)  # stored to 3 decimals
+        fig.add_trace(go.Heatmap(z=z, x=pos, y=pos, colorscale="Viridis", zmin=0, zmax=1,
+                                 showscale=col == 2), row=2, col=col)  # fmt: skip
         fig.update_yaxes(autorange="reversed", row=2, col=col)
-    fig.update_xaxes(tickvals=list(range(len(chars))), ticktext=chars, row=1, col=2)
+    for row, col in ((1, 2), (2, 1), (2, 2)):  # characters as tick labels (positions as values)
+        fig.update_xaxes(tickvals=pos, ticktext=chars, tickangle=0, row=row, col=col)
+    fig.update_yaxes(tickvals=pos, ticktext=chars, row=2)
     fig.update_layout(title=f"{config}, seed {seed}: final bpc {rec['val_bpc']:.3f}", height=720)
     return fig
 
