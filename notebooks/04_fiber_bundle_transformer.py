@@ -425,7 +425,7 @@ viz.markdown(
 #
 # P5 asks that rank be compared with a full residual Transformer trained under the same
 # conditions, not with the pure-attention limit of {cite}`dong2021attention`. One more condition
-# matters: the metric terms sharpen attention, and sharper attention mixes less and keeps more
+# matters: the metric terms can sharpen attention, and sharper attention mixes less and can keep more
 # rank whatever its geometry. So the control is the dot-product model *at the Fiber Bundle model's
 # attention entropy*: the dot model trained at several temperatures $T$ (logits divided by $T$),
 # and, per seed, its last-block effective rank interpolated linearly in the mean attention
