@@ -4,12 +4,12 @@ the chapter's views of the runs (per-seed values, paired differences, verdicts).
 from __future__ import annotations
 
 import math
-import shlex
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import spearmanr
 
 from attention_atlas.data import TextCorpus, Vocab
 from attention_atlas.experiments import experiment
@@ -18,11 +18,11 @@ from attention_atlas.experiments.fiber_bundle_analysis import (
     TYPE_NAMES,
     Runs,
     analyse,
+    explore_window,
     token_types,
-    verdict,
 )
 from attention_atlas.models import FiberBundleConfig
-from attention_atlas.stats import Interval, paired_difference
+from attention_atlas.stats import paired_difference
 from attention_atlas.sweep import Cell, load_results, run_sweep
 
 
@@ -37,9 +37,10 @@ def test_kappa_scale_is_tau_over_length() -> None:
 
 
 def test_chapter_grid_changes_one_thing_per_configuration() -> None:
-    grid = fb.chapter_grid(ranks=(1, 4), alphas=(0.0, 1.0), kappa_factors=(1.0, 10.0))
-    assert list(grid) == ["dot", "fbt", "fbt_reg-none", "fbt_reg-l2", "fbt_alpha-0",
-                          "fbt_rank-1", "fbt_kappa-10"]  # fmt: skip
+    grid = fb.chapter_grid(ranks=(1, 4), alphas=(0.0, 1.0), kappa_factors=(1.0, 10.0),
+                           dot_temperatures=(0.5,))  # fmt: skip
+    assert list(grid) == ["dot", "dot_temp-0.5", "fbt", "fbt_reg-none", "fbt_noise", "fbt_reg-l2",
+                          "fbt_alpha-0", "fbt_rank-1", "fbt_kappa-10"]  # fmt: skip
     base = grid["fbt"]
     scale = fb.kappa_scale(64, 4, 64)
     assert base["reg"] == {"kind": "three", "kappa_max": scale, "kappa_min": scale / 2,
@@ -48,20 +49,36 @@ def test_chapter_grid_changes_one_thing_per_configuration() -> None:
     assert grid["fbt_alpha-0"]["model"] == {**base["model"], "alpha": 0.0}
     assert grid["fbt_kappa-10"]["reg"]["kappa_max"] == pytest.approx(10 * scale)
     assert grid["fbt_reg-none"]["reg"]["kind"] == "none"
+    assert grid["fbt_noise"]["model"] == {**base["model"], "metric_gradient": "noise"}
+    assert grid["fbt_noise"]["reg"]["kind"] == "none"
+    assert grid["fbt_reg-l2"]["reg"]["kind"] == "l2-matched"
+    assert grid["dot_temp-0.5"]["model"] == {**grid["dot"]["model"],
+                                             "attention_options": {"temperature": 0.5}}  # fmt: skip
     for name, params in grid.items():  # the same training everywhere
         assert params["train"] == grid["dot"]["train"], name
+        if name in ("fbt", "fbt_alpha-0"):  # P2's arms are evaluated at each training alpha
+            assert params["eval_alphas"] == [0.0, 1.0], name
     ablations = fb.chapter_grid(ablations=True)
     assert ablations["fbt_no-c"]["model"]["phase_c"] is False
     assert ablations["fbt_cayley"]["model"]["transport_kind"] == "cayley"
     FiberBundleConfig(**ablations["fbt_no-e"]["model"])  # every model spec builds a config
 
 
-def test_sweep_command_names_only_the_parameters_that_differ() -> None:
-    cmd = fb.sweep_command({"steps": 200, "dim": 64, "ranks": [1, 4]}, [0, 1], "out/dir")
-    assert shlex.split(cmd) == [
-        "python", "-m", "attention_atlas", "sweep", "fiber-bundle", "--preset", "book",
-        "--seeds", "0", "1", "-p", "steps=200", "-p", "ranks=[1,4]", "--out", "out/dir",
-    ]  # fmt: skip
+def test_book_preset_is_the_chapters_parameters_cell() -> None:
+    """The book grid the chapter asks for is ``chapter_grid``'s defaults, so the stored book
+    results are exactly that grid."""
+    import ast
+    from pathlib import Path
+
+    src = (
+        Path(fb.__file__).parents[3] / "notebooks" / "04_fiber_bundle_transformer.py"
+    ).read_text()
+    cell = src.split('# %% tags=["parameters"]')[1].split("# %%")[0]
+    values = {t.id: ast.literal_eval(n.value) for n in ast.parse(cell).body
+              if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}  # fmt: skip
+    grid_keys = set(fb.chapter_grid.__kwdefaults__ or {})
+    shared = {k: v for k, v in values.items() if k in grid_keys}
+    assert shared and fb.chapter_grid(**shared) == fb.chapter_grid(**fb.PRESETS["book"])
 
 
 def test_sweep_skips_finished_cells_and_reruns_changed_parameters(tmp_path) -> None:
@@ -103,9 +120,12 @@ def _toy_corpus() -> TextCorpus:
 def test_analyse_measures_kappa_per_token_type_from_the_models_own_metric() -> None:
     torch.manual_seed(0)
     data = _toy_corpus()
-    model = FiberBundleConfig(vocab_size=data.vocab_size, dim=16, n_layers=2, n_heads=2,
-                              max_len=12, metric_init_std=0.5).build()  # fmt: skip
-    res = analyse(model, data, seq_len=12, n_seqs=6, batch_size=4)
+    cfg = FiberBundleConfig(vocab_size=data.vocab_size, dim=16, n_layers=2, n_heads=2,
+                            max_len=12, metric_init_std=0.5)  # fmt: skip
+    model = cfg.build()
+    torch.manual_seed(1)
+    initial = cfg.build()
+    res = analyse(model, data, seq_len=12, n_seqs=6, batch_size=4, initial=initial)
     tok = res.pop("tokens")
     assert len(tok) == 6 * 12 and set(tok.columns) == {"type", "surprisal", "kappa_1", "kappa_2"}
     x = torch.as_tensor(data.valid[:72]).view(6, 12)  # the first windows of the split
@@ -116,7 +136,35 @@ def test_analyse_measures_kappa_per_token_type_from_the_models_own_metric() -> N
     assert res["kappa_1_word_initial"] == pytest.approx(float(tok.loc[sel, "kappa_1"].mean()))
     assert res["kappa_1_mean"] == pytest.approx(float(tok["kappa_1"].mean()))
     assert math.isnan(res["kappa_1_digit_or_N"])  # no digit in this text
-    assert {"erank_0", "erank_2", "sigma2_1", "sigma2_2", "kappa_2_spearman_surprisal"} <= set(res)
+    assert {"erank_0", "erank_2", "sigma2_1", "sigma2_2", "entropy_1", "entry_scale_2",
+            "kappa_2_spearman_surprisal"} <= set(res)  # fmt: skip
+    q1 = res["kappa_quantiles"]["kappa_1"]["word_internal"]
+    within = tok.loc[tok["type"] == 1, "kappa_1"].to_numpy()
+    np.testing.assert_allclose(q1, np.quantile(within, [0.05, 0.25, 0.5, 0.75, 0.95]), rtol=1e-5)
+    # the initial model's kappa on the same windows, against the trained model's surprisal
+    k0 = (initial(x).attentions[1].extras["metric_factor"].double() ** 2).sum((-1, -2)).mean(1)
+    k0 = k0.detach().reshape(-1).numpy()
+    assert res["init_kappa_2_mean"] == pytest.approx(float(k0.mean()), rel=1e-6)
+    ok = (tok["type"] >= 0) & np.isfinite(tok["surprisal"])
+    rho = spearmanr(k0[ok.to_numpy()], tok.loc[ok, "surprisal"]).statistic
+    assert res["init_kappa_2_spearman_surprisal"] == pytest.approx(float(rho), rel=1e-6)
+    assert res["init_kappa_2_mean"] != pytest.approx(res["kappa_2_mean"], rel=1e-3)
+
+
+def test_explore_window_keeps_one_texts_attention_and_kappa() -> None:
+    torch.manual_seed(0)
+    data = _toy_corpus()
+    model = FiberBundleConfig(vocab_size=data.vocab_size, dim=16, n_layers=2, n_heads=2,
+                              max_len=12, metric_init_std=0.5).build()  # fmt: skip
+    rec = explore_window(model, data, length=10)
+    x = torch.as_tensor(data.valid[:10]).view(1, 10)
+    assert rec["text"] == "".join(data.vocab.itos[int(i)] for i in x[0])
+    out = model(x, need_weights=True)
+    A = np.array(rec["attention_2"])
+    np.testing.assert_allclose(A, out.attentions[1].probs[0].mean(0).detach(), atol=5e-4)
+    assert A.shape == (10, 10) and np.allclose(np.triu(A, 1), 0)  # causal
+    kappa = (out.attentions[0].extras["metric_factor"][0] ** 2).sum((-1, -2)).mean(0)
+    np.testing.assert_allclose(rec["kappa_1"], kappa.detach(), rtol=1e-3)
 
 
 def _runs() -> Runs:
@@ -129,7 +177,8 @@ def _runs() -> Runs:
             "fiber_bundle/l1/kappa_max": [3.0, 5.0], "fiber_bundle/l0/kappa_mean": [1.0, 2.0],
             "fiber_bundle/l1/kappa_mean": [2.0, 3.0]}  # fmt: skip
     cells = {
-        ("fbt", s): {"history": hist, "kappa_init_1": 0.1, "kappa_init_2": 0.3} for s in (0, 1)
+        ("fbt", s): {"history": hist, "init_kappa_1_mean": 0.1, "init_kappa_2_mean": 0.3}
+        for s in (0, 1)
     }
     return Runs({"dot": {}, "fbt": {}}, [0, 1], df, cells, 2, "cmd")  # type: ignore[arg-type]
 
@@ -148,9 +197,20 @@ def test_runs_give_per_seed_values_and_paired_differences() -> None:
     assert steps == [0.0, 1, 2] and values.tolist() == [[0.2, 1.5, 2.5], [0.2, 1.5, 2.5]]
 
 
-def test_verdict_reads_the_side_of_zero_the_interval_lies_on() -> None:
-    assert verdict(Interval(1.0, 0.5, 1.5, 3)) == "supported"
-    assert verdict(Interval(1.0, 0.5, 1.5, 3), sign=-1) == "contradicted"
-    assert verdict(Interval(-1.0, -1.5, -0.5, 3), sign=-1) == "supported"
-    assert verdict(Interval(0.1, -0.5, 0.7, 3)) == "inconclusive at this scale"
-    assert verdict(Interval(0.1, math.nan, math.nan, 1)).endswith("(one seed)")
+def test_outcomes_give_every_chapter4_claim_an_outcome_and_the_sections_exist() -> None:
+    """``outcomes(smoke=True)``: the stored grid if there is one, else the smoke grid run now."""
+    from pathlib import Path
+
+    from attention_atlas import claims
+
+    mine = [c for c in claims.CLAIMS if c.module == "attention_atlas.experiments.fiber_bundle"]
+    assert {c.key for c in mine} >= {"riemannian/eq-25", "riemannian/overhead"} | {
+        f"riemannian/P{i}" for i in range(1, 7)
+    }
+    got = fb.outcomes(smoke=True)
+    assert set(got) >= {c.key for c in mine}
+    assert all(isinstance(o, claims.Outcome) for o in got.values())
+    assert got["riemannian/eq-25"].outcome == "contradicted"  # a float64 fact, at any scale
+    chapter = (Path(fb.__file__).parents[3] / "notebooks" / f"{mine[0].chapter}.py").read_text()
+    headings = {line[5:].strip() for line in chapter.splitlines() if line.startswith("# ## ")}
+    assert {c.section for c in mine} <= headings

@@ -324,7 +324,7 @@ CLAIMS: list[Claim] = [
         "Training at metric strengths near tau/L shows a transition from Euclidean-like "
         "(collapse proceeds) to geometric behaviour (collapse resisted).",
         C4,
-        "P1: a transition at metric strength $\\tau / L$?",
+        "P1: a transition at the critical metric strength?",
         "fiber_bundle",
         SWEEP_FBT,
     ),
@@ -368,7 +368,7 @@ CLAIMS: list[Claim] = [
         "Against a matched residual Transformer, Riemannian attention keeps a higher "
         "deep-layer effective rank.",
         C4,
-        "P5: effective rank per layer against a matched dot-product Transformer",
+        "P5: effective rank against a temperature-matched dot-product Transformer",
         "fiber_bundle",
         SWEEP_FBT,
     ),

@@ -364,6 +364,7 @@ class FiberBundleConfig(ModelConfig):
     phase_c: bool = True  # torsion in the transport
     phase_d: bool = True  # geodesic scores and transport
     phase_e: bool = True  # metric-preconditioned feed-forward update
+    metric_gradient: str = "task"  # "noise": MetricNet trained on noise (a control, chapter 4)
 
     def __post_init__(self) -> None:
         if self.transport_kind not in ("linear", "cayley"):
@@ -391,6 +392,7 @@ class FiberBundleConfig(ModelConfig):
             "method": self.method,
             "metric": self.phase_a,
             "geodesic": self.phase_d,
+            "metric_gradient": self.metric_gradient,
         }
         super().__post_init__()
 

@@ -8,6 +8,7 @@ computes the same thing as a reader would write it, and returns the probabilitie
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -112,9 +113,20 @@ def sdpa(
 
 
 class DotProductAttention(Attention):
-    """Multi-head scaled dot-product attention (SDPA fast path, explicit path for weights)."""
+    """Multi-head scaled dot-product attention (SDPA fast path, explicit path for weights).
+
+    ``temperature`` ``T``: ``softmax(q k^T / (sqrt(d) T)) v``; ``T < 1`` sharpens the attention
+    (the temperature-matched control of chapter 4's prediction P5), ``T = 1`` is the standard
+    scale.
+    """
 
     name = "dot"
+
+    def __init__(self, dim: int, n_heads: int, temperature: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(dim, n_heads, **kwargs)
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
+        self.temperature = float(temperature)
 
     def attend(
         self,
@@ -129,6 +141,15 @@ class DotProductAttention(Attention):
     ) -> AttentionResult:
         if need_weights:
             check_qkv(q, k, v)
-            logits = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, L, L)
-            return attention_from_logits(logits, v, causal=causal, mask=mask)
-        return AttentionResult(sdpa(q, k, v, causal=causal, mask=mask))
+            logits = (q @ k.transpose(-2, -1)) / (math.sqrt(q.shape[-1]) * self.temperature)
+            return attention_from_logits(logits, v, causal=causal, mask=mask)  # logits (B, H, L, L)
+        # T = 1: SDPA's own default scale, bit for bit the standard model
+        scale = (
+            None if self.temperature == 1.0 else 1.0 / (math.sqrt(q.shape[-1]) * self.temperature)
+        )
+        return AttentionResult(sdpa(q, k, v, scale=scale, causal=causal, mask=mask))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (
+            f", temperature={self.temperature:g}" if self.temperature != 1.0 else ""
+        )

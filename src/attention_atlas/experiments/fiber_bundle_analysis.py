@@ -1,10 +1,9 @@
-"""The analysis of chapter 4's runs: post-training measurements of a trained model
-(:func:`analyse`, char-PTB token types), and the per-seed views, paired differences and tables
-the chapter shows (:class:`Runs`).
-
-The verdict words of this chapter (:func:`verdict`): a prediction is *supported* when the
-interval of the effect it predicts excludes zero in the predicted direction, *contradicted* when
-it excludes zero in the other direction, and *inconclusive at this scale* otherwise.
+"""The measurements of chapter 4's models: what :func:`analyse` reads off a model on the first
+validation windows of char-PTB (effective ranks, the attention's second singular value and
+entropy, the metric strength ``kappa_t`` per token and its relation to the token type and to the
+surprisal, the perturbation scale of Proposition 3.5), the small record of one text that the
+chapter's exploration shows (:func:`explore_window`), and the per-seed views of a finished grid
+(:class:`Runs`). The verdicts are :mod:`attention_atlas.experiments.fiber_bundle_verdicts`.
 """
 
 from __future__ import annotations
@@ -20,33 +19,34 @@ import torch
 from scipy.stats import spearmanr
 from torch import Tensor
 
+from ..attention.riemannian.diagnostics import perturbation_entry_scale
 from ..attention.riemannian.geometry import metric_strength
 from ..data import eval_windows
 from ..linalg import effective_rank
-from ..models import Transformer
+from ..models import Transformer, fbt_attentions
 from ..stats import Interval, mean_ci, mean_interval, paired_difference
 
 __all__ = [
     "TYPE_NAMES",
     "Runs",
     "analyse",
+    "attention_entropy",
     "char_classes",
-    "history_frame",
+    "explore_window",
     "token_types",
-    "verdict",
 ]
+
+#: token types of :func:`token_types`, by code
+TYPE_NAMES = ["word_initial", "word_internal", "space", "newline", "digit_or_N", "punct"]
+#: quantiles of ``kappa_t`` per token type kept in a cell's record (the chapter's box plots)
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
 def char_classes(itos: list[str]) -> dict[str, list[int]]:
     """Token ids of char-PTB by type: ``letter`` (a-z), ``space`` (``_``), ``newline``,
     ``digit_or_N`` (digits and the number token ``N``), ``punct`` (everything else)."""
-    out: dict[str, list[int]] = {
-        "letter": [],
-        "space": [],
-        "newline": [],
-        "digit_or_N": [],
-        "punct": [],
-    }
+    out: dict[str, list[int]] = {"letter": [], "space": [], "newline": [], "digit_or_N": [],
+                                 "punct": []}  # fmt: skip
     for i, s in enumerate(itos):
         if len(s) == 1 and "a" <= s <= "z":
             out["letter"].append(i)
@@ -79,7 +79,14 @@ def token_types(x: Tensor, itos: list[str]) -> Tensor:
     return code
 
 
-TYPE_NAMES = ["word_initial", "word_internal", "space", "newline", "digit_or_N", "punct"]
+def attention_entropy(probs: Tensor) -> Tensor:
+    """Mean row entropy (nats) of attention matrices ``probs (..., L, L)``, ``(...)``: each row
+    ``-sum_j A_ij log A_ij`` (``0 log 0 = 0``, so the masked keys of a causal row count for
+    nothing), averaged over the rows. Between 0 (every row one key) and the mean of ``log`` of
+    the number of keys each row sees."""
+    p = probs.double()
+    h = -torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(-1)  # (..., L)
+    return h.mean(-1)
 
 
 @torch.no_grad()
@@ -90,35 +97,50 @@ def analyse(
     seq_len: int,
     n_seqs: int = 64,
     batch_size: int = 32,
+    initial: Transformer | None = None,
 ) -> dict[str, Any]:
-    """Post-training measurements on the first ``n_seqs`` validation windows.
+    """Measurements on the first ``n_seqs`` validation windows.
 
     Returns ``erank_<l>`` (mean effective rank of each layer's hidden states, ``l = 0`` the
-    embedding), ``sigma2_<l>`` (mean second singular value of the attention matrices), and for a
-    Fiber Bundle model per layer ``kappa_<l>_{mean,max,var,cv}``, ``kappa_<l>_<type>`` (mean
-    ``kappa_t`` over heads and positions of each token type of :func:`token_types`) and
-    ``kappa_<l>_spearman_surprisal`` (rank correlation of ``kappa_t`` with the surprisal
-    ``-log2 p(x_t | x_<t)``, positions 1..L-1); plus ``tokens`` (a DataFrame, one row per
-    position with ``type``, ``surprisal`` and ``kappa_<l>``) for plotting.
+    embedding), ``sigma2_<l>`` (mean second singular value of the attention matrices) and
+    ``entropy_<l>`` (mean row entropy of the attention, :func:`attention_entropy`), and for a
+    Fiber Bundle model per layer: ``entry_scale_<l>`` (mean over windows and heads of
+    ``U-bar^2 M / tau``, Proposition 3.5's bound on one score change), ``kappa_<l>_{mean,max,var,
+    cv}``, ``kappa_<l>_<type>`` (mean ``kappa_t`` over heads and positions of each token type of
+    :func:`token_types`) and ``kappa_<l>_spearman_surprisal`` (rank correlation of ``kappa_t``
+    with the surprisal ``-log2 p(x_t | x_<t)``, positions 1..L-1); ``kappa_quantiles`` (per layer
+    and type, the :data:`QUANTILES` of ``kappa_t``); and ``tokens`` (a DataFrame, one row per
+    position: ``type``, ``surprisal``, ``kappa_<l>``).
+
+    ``initial``: the same model at initialisation. Then also ``init_kappa_<l>_{mean,max,var,cv,
+    spearman_surprisal,...}``: the initial model's ``kappa_t`` on the same windows, correlated
+    with the *trained* model's surprisal (one measure of how hard a character is, for both).
     """
-    was = model.training
-    model.eval()
-    try:
-        m = _measure(model, data, seq_len, n_seqs, batch_size)
-    finally:
-        model.train(was)
+    m = _measure(model, data, seq_len, n_seqs, batch_size)
     res: dict[str, Any] = {}
-    for i, v in m["erank"].items():
-        res[f"erank_{i}"] = float(np.mean(v))
-    for i, v in m["sigma2"].items():
-        res[f"sigma2_{i}"] = float(np.mean(v))
+    for key in ("erank", "sigma2", "entropy", "entry_scale"):
+        for i, v in m[key].items():
+            res[f"{key}_{i}"] = float(np.mean(v))
     t_all = torch.cat(m["types"]).reshape(-1).numpy()
     s_all = torch.cat(m["surprisal"]).reshape(-1).numpy()
     tok = pd.DataFrame({"type": t_all, "surprisal": s_all})
+    quantiles: dict[str, dict[str, list[float]]] = {}
     for i, parts in m["kappa"].items():
         kk = torch.cat(parts).reshape(-1).numpy()
         tok[f"kappa_{i}"] = kk
         res.update(_kappa_summary(kk, t_all, s_all, f"kappa_{i}_"))
+        quantiles[f"kappa_{i}"] = {
+            name: np.quantile(kk[t_all == code], QUANTILES).round(7).tolist()
+            for code, name in enumerate(TYPE_NAMES)
+            if (t_all == code).any()
+        }
+    if quantiles:
+        res["kappa_quantiles"] = quantiles
+    if initial is not None:
+        m0 = _measure(initial, data, seq_len, n_seqs, batch_size)
+        for i, parts in m0["kappa"].items():
+            kk = torch.cat(parts).reshape(-1).numpy()
+            res.update(_kappa_summary(kk, t_all, s_all, f"init_kappa_{i}_"))
     res["tokens"] = tok
     return res
 
@@ -126,36 +148,53 @@ def analyse(
 def _measure(
     model: Transformer, data: Any, seq_len: int, n_seqs: int, batch_size: int
 ) -> dict[str, Any]:
-    """Per window: effective ranks, attention sigma_2, ``kappa_t`` (mean over heads), token
-    types and surprisals (the forward passes of :func:`analyse`)."""
+    """Per window: effective ranks, attention sigma_2 and entropy, Prop. 3.5's entry scale,
+    ``kappa_t`` (mean over heads), token types and surprisals (the forward passes of
+    :func:`analyse`), in eval mode."""
+    was = model.training
+    model.eval()
     device = next(model.parameters()).device
-    erank: dict[int, list[float]] = {}
-    sig2: dict[int, list[float]] = {}
-    kap: dict[int, list[Tensor]] = {}
-    types, surpr = [], []
+    taus = [m.tau for m in fbt_attentions(model)]
+    out_: dict[str, Any] = {k: {} for k in ("erank", "sigma2", "entropy", "entry_scale", "kappa")}
+    out_.update(types=[], surprisal=[])
     n = 0
-    for x, y in eval_windows(data.valid, batch_size, seq_len):
-        if n >= n_seqs:
-            break
-        x, y = x[: n_seqs - n].to(device), y[: n_seqs - n].to(device)
-        n += x.shape[0]
-        out = model(x, need_weights=True)
-        for i, h in enumerate(out.hidden):
-            erank.setdefault(i, []).extend(effective_rank(h.double()).tolist())
-        for i, res in enumerate(out.attentions):
-            if res.probs is not None:
-                s = torch.linalg.svdvals(res.probs.double())[..., 1]  # (B, H)
-                sig2.setdefault(i + 1, []).extend(s.mean(-1).tolist())
-            if "metric_factor" in res.extras:
-                k = metric_strength(res.extras["metric_factor"].double()).mean(1)  # (B, L)
-                kap.setdefault(i + 1, []).append(k.cpu())
-        logp = torch.log_softmax(out.logits.double(), -1)  # (B, L, V)
-        nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) / math.log(2)  # surprisal of x_{t+1}
-        s = torch.full(x.shape, math.nan, dtype=torch.float64)
-        s[:, 1:] = nll[:, :-1].cpu()  # surprisal of x_t given x_<t
-        surpr.append(s)
-        types.append(token_types(x, data.vocab.itos))
-    return {"erank": erank, "sigma2": sig2, "kappa": kap, "types": types, "surprisal": surpr}
+    try:
+        for x, y in eval_windows(data.valid, batch_size, seq_len):
+            if n >= n_seqs:
+                break
+            x, y = x[: n_seqs - n].to(device), y[: n_seqs - n].to(device)
+            n += x.shape[0]
+            out = model(x, need_weights=True)
+            for i, h in enumerate(out.hidden):
+                out_["erank"].setdefault(i, []).extend(effective_rank(h.double()).tolist())
+            for i, res in enumerate(out.attentions):
+                _layer_measures(out_, i + 1, res, taus[i] if i < len(taus) else None)
+            logp = torch.log_softmax(out.logits.double(), -1)  # (B, L, V)
+            nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) / math.log(2)  # of x_{t+1}
+            s = torch.full(x.shape, math.nan, dtype=torch.float64)
+            s[:, 1:] = nll[:, :-1].cpu()  # surprisal of x_t given x_<t
+            out_["surprisal"].append(s)
+            out_["types"].append(token_types(x, data.vocab.itos))
+    finally:
+        model.train(was)
+    return out_
+
+
+def _layer_measures(acc: dict[str, Any], layer: int, res: Any, tau: float | None) -> None:
+    """Add one layer's sigma_2, entropy, entry scale and ``kappa_t`` of a batch to ``acc``."""
+    if res.probs is not None:
+        probs = res.probs.double()
+        acc["sigma2"].setdefault(layer, []).extend(
+            torch.linalg.svdvals(probs)[..., 1].mean(-1).tolist()  # (B,): mean over heads
+        )
+        acc["entropy"].setdefault(layer, []).extend(attention_entropy(probs).mean(-1).tolist())
+    if "metric_factor" in res.extras:
+        U = res.extras["metric_factor"].double()  # (B, H, L, d, r)
+        acc["kappa"].setdefault(layer, []).append(metric_strength(U).mean(1).cpu())  # (B, L)
+        if tau is not None and "query" in res.extras:
+            q, k = res.extras["query"].double(), res.extras["key"].double()
+            scale = perturbation_entry_scale(q, k, U, tau)  # (B, H)
+            acc["entry_scale"].setdefault(layer, []).extend(scale.mean(-1).tolist())
 
 
 def _kappa_summary(
@@ -175,9 +214,27 @@ def _kappa_summary(
     return res
 
 
-def history_frame(cell: dict[str, Any]) -> pd.DataFrame:
-    """The training history stored in a cell's JSON as a DataFrame."""
-    return pd.DataFrame(cell["history"])
+@torch.no_grad()
+def explore_window(model: Transformer, data: Any, length: int = 32) -> dict[str, Any]:
+    """What the chapter's exploration shows of one trained model, kept small for the record: the
+    first ``length`` characters of the validation split (``text``), and per block ``l`` the
+    attention averaged over heads (``attention_<l>``, ``length x length``, causal) and, for a
+    Fiber Bundle model, ``kappa_t`` averaged over heads (``kappa_<l>``), rounded to 4 digits."""
+    was = model.training
+    model.eval()
+    try:
+        x = data.valid[:length].reshape(1, -1).to(next(model.parameters()).device)
+        out = model(x, need_weights=True)
+    finally:
+        model.train(was)
+    rec: dict[str, Any] = {"text": "".join(data.vocab.itos[int(i)] for i in x[0])}
+    for i, res in enumerate(out.attentions, start=1):
+        if res.probs is not None:
+            rec[f"attention_{i}"] = res.probs[0].double().mean(0).round(decimals=4).tolist()
+        if "metric_factor" in res.extras:
+            kappa = metric_strength(res.extras["metric_factor"][0].double()).mean(0)
+            rec[f"kappa_{i}"] = [float(f"{v:.4g}") for v in kappa.tolist()]
+    return rec
 
 
 # ----------------------------------------------------------------------------------------
@@ -195,19 +252,6 @@ def _interval(values: Any) -> Interval:
     return Interval(m, lo, hi, int(x.size))
 
 
-def verdict(effect: Interval, sign: int = 1) -> str:
-    """This chapter's verdict on a predicted effect (``sign = +1``: an increase, ``-1``: a
-    decrease): supported / contradicted / inconclusive at this scale (see the module docstring)."""
-    if not effect.resolved:
-        return "inconclusive at this scale (one seed)"
-    lo, hi = sign * effect.low, sign * effect.high
-    if lo > 0 and hi > 0:
-        return "supported"
-    if lo < 0 and hi < 0:
-        return "contradicted"
-    return "inconclusive at this scale"
-
-
 @dataclass
 class Runs:
     """The finished cells of chapter 4's grid.
@@ -216,7 +260,7 @@ class Runs:
         grid: configuration name -> parameters (:func:`attention_atlas.experiments.fiber_bundle.chapter_grid`).
         seeds: the seeds every configuration ran at.
         df: one row per cell, scalar metrics (``config``, ``seed``, ``val_bpc``, ...).
-        cells: ``(config, seed)`` -> the cell's full record (training ``history``, ``tokens``).
+        cells: ``(config, seed)`` -> the cell's full record (training ``history``, ...).
         n_layers: blocks of every model.
         command: the command line that reruns the grid.
     """
@@ -227,6 +271,31 @@ class Runs:
     cells: dict[tuple[str, int], dict[str, Any]]
     n_layers: int
     command: str
+
+    @classmethod
+    def from_records(
+        cls, records: Mapping[tuple[str, int], Mapping[str, Any]], command: str
+    ) -> Runs:
+        """The runs of a stored or computed grid (:attr:`attention_atlas.results.Grid.records`):
+        configurations and shapes are read from the records themselves."""
+        from ..records import records_frame
+
+        grid = {c: dict(r["params"]) for (c, _), r in records.items()}
+        seeds = sorted({s for _, s in records})
+        missing = [(c, s) for c in grid for s in seeds if (c, s) not in records]
+        if missing:
+            raise ValueError(f"every configuration needs every seed; missing {missing[:3]}")
+        n_layers = int(next(iter(grid.values()))["model"]["n_layers"])
+        cells = {k: dict(v) for k, v in records.items()}
+        return cls(grid, seeds, records_frame(cells.values()), cells, n_layers, command)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The shared shape and training of the grid: ``dim``, ``n_heads``, ``seq_len``,
+        ``steps``, ``batch_size`` (from the dot-product baseline's record)."""
+        p = self.grid["dot"]
+        return {**{k: p["model"][k] for k in ("dim", "n_heads", "n_layers")},
+                **{k: p["train"][k] for k in ("seq_len", "steps", "batch_size")}}  # fmt: skip
 
     def per_seed(self, config: str, column: str) -> np.ndarray:
         """One value of ``column`` per seed (in seed order)."""
@@ -251,7 +320,8 @@ class Runs:
         return _interval(self.mean_over_layers(config, stem))
 
     def history(self, config: str, seed: int) -> pd.DataFrame:
-        return history_frame(self.cells[(config, seed)])
+        """The training log of one cell (a row per log step)."""
+        return pd.DataFrame(self.cells[(config, seed)]["history"])
 
     def last_logged(self, config: str, key: str) -> np.ndarray:
         """Per seed: the last logged value of diagnostic ``fiber_bundle/l<l>/<key>``, averaged
@@ -261,29 +331,25 @@ class Runs:
 
     def trajectory(self, config: str, key: str) -> tuple[list[float], np.ndarray]:
         """``(steps, values (n_seeds, n_steps))`` of a logged diagnostic averaged over blocks;
-        for ``kappa_mean`` the value at initialisation (``kappa_init_<l>``) comes first, at step 0."""
+        for ``kappa_mean`` the value at initialisation (``init_kappa_<l>_mean``) comes first, at
+        step 0."""
         series = []
         for s in self.seeds:
             h = self.history(config, s)
             vals = np.mean([h[f"fiber_bundle/l{l}/{key}"].to_numpy() for l in range(self.n_layers)],
                            axis=0)  # fmt: skip
             if key == "kappa_mean":
-                init = np.mean([self.cells[(config, s)][f"kappa_init_{l}"]
+                init = np.mean([self.cells[(config, s)][f"init_kappa_{l}_mean"]
                                 for l in range(1, self.n_layers + 1)])  # fmt: skip
                 vals = np.concatenate([[init], vals])
             series.append(vals)
         steps = list(self.history(config, self.seeds[0])["step"])
         return ([0.0] if key == "kappa_mean" else []) + steps, np.array(series)
 
-    def tokens(self, config: str) -> pd.DataFrame:
-        """The per-position token records (``type``, ``surprisal``, ``kappa_<l>``) of every seed."""
-        return pd.concat([pd.DataFrame(self.cells[(config, s)]["tokens"]) for s in self.seeds],
-                         ignore_index=True)  # fmt: skip
-
-    def overview(self, last: int) -> pd.DataFrame:
+    def overview(self) -> pd.DataFrame:
         """Every configuration: validation bpc, training time, the paired bpc difference and the
-        time ratio to ``dot``, and the effective rank of block ``last``."""
-        rows = []
+        time ratio to ``dot``, the last block's effective rank and the attention entropy."""
+        rows, last = [], self.n_layers
         dot_time = self.per_seed("dot", "train_time_s").mean()
         for name in self.grid:
             tt = self.per_seed(name, "train_time_s")
@@ -293,47 +359,31 @@ class Runs:
                 row["bpc - dot"] = self.paired(name, "dot", "val_bpc").format(3, signed=True)
                 row["time / dot"] = f"{tt.mean() / dot_time:.1f}x"
             row[f"erank L{last}"] = self.interval(name, f"erank_{last}").format(2)
+            row["attention entropy"] = self.layer_interval(name, "entropy_{l}").format(2)
             rows.append(row)
         return pd.DataFrame(rows).set_index("configuration")
 
-    def alpha_gaps(self, names: Mapping[float, str]) -> pd.DataFrame:
-        """Prediction P2: for each model trained at one alpha and evaluated at another, its bpc
-        minus that of the model trained at the evaluation alpha, paired by seed, and the verdict."""
-        rows = []
-        for a_tr, n_tr in names.items():
-            for a_ev, n_ev in names.items():
-                if a_tr == a_ev:
-                    continue
-                gap = self.paired(n_tr, n_ev, f"bpc_at_alpha_{a_ev:g}")
-                rows.append({"alpha_train": a_tr, "alpha_eval": a_ev,
-                             "gap (bpc)": gap.format(3, signed=True), "verdict": verdict(gap)})  # fmt: skip
-        return pd.DataFrame(rows)
-
-    def alpha_sensitivity(self, names: Mapping[float, str]) -> float:
-        """Largest change of any seed's bpc when one trained model is evaluated at another alpha."""
-        return max(
-            float(np.abs(self.per_seed(n, f"bpc_at_alpha_{a_ev:g}")
-                         - self.per_seed(n, f"bpc_at_alpha_{a_tr:g}")).max())
-            for a_tr, n in names.items() for a_ev in names
-        )  # fmt: skip
-
     def kappa_by_type(self, models: Mapping[str, str]) -> pd.DataFrame:
-        """Prediction P4 per model and block: CV of ``kappa_t``, token-type differences of
-        ``kappa_t`` relative to its mean, and its rank correlation with the surprisal."""
+        """Prediction P4 per model and block: CV of ``kappa_t`` after training and at
+        initialisation, token-type differences of ``kappa_t`` relative to its mean, and its rank
+        correlation with the surprisal, after training and at initialisation."""
         rows = []
         for model, label in models.items():
             for l in range(1, self.n_layers + 1):
-                rel = {t: self.per_seed(model, f"kappa_{l}_{t}") / self.per_seed(model, f"kappa_{l}_mean")
-                       for t in ("word_initial", "word_internal", "space", "punct")}  # fmt: skip
-                letters = (rel["word_initial"] + rel["word_internal"]) / 2
+                p = f"kappa_{l}_"
+                rel = {t: self.per_seed(model, p + t) / self.per_seed(model, p + "mean")
+                       for t in ("word_initial", "word_internal", "space")}  # fmt: skip
                 rows.append({
                     "model": label, "block": l,
-                    "CV of kappa_t": self.interval(model, f"kappa_{l}_cv").format(3),
+                    "CV trained": self.interval(model, p + "cv").format(3),
+                    "CV at init": self.interval(model, "init_" + p + "cv").format(3),
                     "(initial - internal) / mean":
                         _interval(rel["word_initial"] - rel["word_internal"]).format(3, signed=True),
-                    "(letters - space) / mean": _interval(letters - rel["space"]).format(3, signed=True),
-                    "(punct - letters) / mean": _interval(rel["punct"] - letters).format(3, signed=True),
-                    "Spearman(kappa, surprisal)":
-                        self.interval(model, f"kappa_{l}_spearman_surprisal").format(3),
+                    "(letters - space) / mean": _interval(
+                        (rel["word_initial"] + rel["word_internal"]) / 2 - rel["space"]
+                    ).format(3, signed=True),
+                    "Spearman trained": self.interval(model, p + "spearman_surprisal").format(3, signed=True),
+                    "Spearman at init":
+                        self.interval(model, "init_" + p + "spearman_surprisal").format(3, signed=True),
                 })  # fmt: skip
         return pd.DataFrame(rows).set_index(["model", "block"])

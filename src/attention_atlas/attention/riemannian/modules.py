@@ -46,6 +46,23 @@ __all__ = [
 ]
 
 METHODS = ("auto", "augmented", "sdpa", "lowrank", "reference", "decomposed")
+#: what trains MetricNet: the loss's gradient, or noise with no information in it (a control)
+METRIC_GRADIENTS = ("task", "noise")
+
+
+class _NoiseGradient(torch.autograd.Function):
+    """Identity forward; backward replaces the incoming gradient by Gaussian noise (drawn from
+    torch's default generator) rescaled to the same root-mean-square: zero mean, the gradient's
+    size, no information about the loss."""
+
+    @staticmethod
+    def forward(ctx: Any, U: Tensor) -> Tensor:  # type: ignore[override]
+        return U.view_as(U)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        noise = torch.randn_like(grad)
+        return noise * (grad.pow(2).mean() / noise.pow(2).mean()).sqrt()
 
 
 class _HeadFactorNet(nn.Module):
@@ -210,9 +227,15 @@ class RiemannianAttention(Attention):
             an ablation are comparable; its parameters get no gradient).
         geodesic: Phase D. False: the scores have no metric term (``U`` replaced by 0 and no
             curvature in the distance, only the baseline remains) and no transport.
+        metric_gradient: ``"task"``, or ``"noise"``: a control in which the gradient MetricNet's
+            weights receive through ``U`` (the regularisers' too) is replaced by Gaussian noise
+            of the same shape and root-mean-square as the true one, so their optimiser sees
+            gradients of the right size with no information in them; the hidden state still
+            gets the true gradient through ``U``, and the forward pass is unchanged.
 
     Extras returned: ``metric_factor (B, H, L, d, r)``, ``curvature (B, H, L)`` with Phase B,
-    ``transport_a``/``transport_b`` (the factors of ``Delta``) and ``torsion_l``/``torsion_r``.
+    ``transport_a``/``transport_b`` (the factors of ``Delta``) and ``torsion_l``/``torsion_r``;
+    with ``need_weights`` also ``query``/``key`` (``(B, H, L, d)``, as they enter the scores).
     """
 
     name = "riemannian"
@@ -235,9 +258,15 @@ class RiemannianAttention(Attention):
         method: str = "auto",
         metric: bool = True,
         geodesic: bool = True,
+        metric_gradient: str = "task",
         **kwargs: Any,
     ) -> None:
         super().__init__(dim, n_heads, **kwargs)
+        if metric_gradient not in METRIC_GRADIENTS:
+            raise ValueError(
+                f"metric_gradient must be one of {METRIC_GRADIENTS}, got {metric_gradient!r}"
+            )
+        self.metric_gradient = metric_gradient
         self.rank = int(rank)
         self.tau = float(tau) if tau is not None else (2.0 * self.head_dim) ** 0.5
         if self.tau <= 0:
@@ -274,8 +303,16 @@ class RiemannianAttention(Attention):
 
     def metric_factor(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         """``U (B, H, L, d, r)`` from ``x (B, L, D)`` (zeros when Phase A is off)."""
-        U = self.metric_net(x).to(dtype)
-        return U if self.use_metric else torch.zeros_like(U)
+        if not self.use_metric:
+            return torch.zeros_like(self.metric_net(x).to(dtype))
+        if self.metric_gradient == "task":
+            return self.metric_net(x).to(dtype)
+        # "noise": MetricNet's weights get noise (through U_w, input detached); the input x still
+        # gets the task's gradient (through U_x, weights detached); U_x - U_x.detach() is 0
+        U_w = _NoiseGradient.apply(self.metric_net(x.detach()).to(dtype))
+        frozen = {n: p.detach() for n, p in self.metric_net.named_parameters()}
+        U_x = torch.func.functional_call(self.metric_net, frozen, (x,)).to(dtype)
+        return U_w + (U_x - U_x.detach())
 
     def attend(
         self,
@@ -296,6 +333,8 @@ class RiemannianAttention(Attention):
         omega_s = omega if self.use_geodesic else None
         res = self._aggregate(q, k, v, U_s, omega_s, causal, mask, need_weights)
         extras: dict[str, Tensor] = {"metric_factor": U}
+        if need_weights:
+            extras["query"], extras["key"] = q, k
         if omega is not None:
             extras["curvature"] = omega
         out = self._transport(x, res.out, extras)  # Phases D and C

@@ -1,0 +1,237 @@
+"""Chapter 4's verdict code on synthetic grids whose answer is known: each prediction's effect
+against its control, the rule's outcome, the scale that makes a run decisive or not, and the
+float64 counterexample to eq. (25)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from attention_atlas import claims
+from attention_atlas.experiments import fiber_bundle as fb
+from attention_atlas.experiments import fiber_bundle_verdicts as V
+from attention_atlas.experiments.fiber_bundle_analysis import Runs
+
+SEEDS = [0, 1, 2, 3, 4]
+GRID = fb.chapter_grid(ranks=(1, 4, 8), alphas=(0.0, 1.0), kappa_factors=(0.1, 1.0, 10.0),
+                       dot_temperatures=(0.5, 0.25))  # fmt: skip
+
+
+def _base(config: str, seed: int, rng: np.random.Generator) -> dict[str, Any]:
+    """Every metric the verdicts read, at neutral values (a little seed noise)."""
+    n = lambda: float(rng.normal(0, 1e-3))  # noqa: E731
+    rec: dict[str, Any] = {"val_bpc": 2.0 + n(), "train_time_s": 1.0}
+    for l in (1, 2):
+        rec |= {f"sigma2_{l}": 0.5 + n(), f"entropy_{l}": 2.0 + n(), f"entry_scale_{l}": 1.0,
+                f"kappa_{l}_mean": 1.0, f"init_kappa_{l}_mean": 0.1, f"kappa_{l}_cv": 0.3 + n(),
+                f"init_kappa_{l}_cv": 0.3, f"kappa_{l}_spearman_surprisal": 0.2 + n(),
+                f"init_kappa_{l}_spearman_surprisal": 0.2}  # fmt: skip
+    rec |= {"erank_0": 10.0, "erank_1": 10.0, "erank_2": 10.0 + n()}
+    rec |= {f"bpc_at_alpha_{a:g}": 2.0 + n() for a in (0.0, 1.0)}
+    return rec
+
+
+def runs_with(**changes: Any) -> Runs:
+    """A synthetic grid: neutral metrics, then ``changes[config] = {metric: value or f(seed)}``."""
+    rng = np.random.default_rng(0)
+    records = {}
+    for config, params in GRID.items():
+        for s in SEEDS:
+            rec = _base(config, s, rng)
+            for k, v in changes.get(config.replace("-", "_").replace(".", "_"), {}).items():
+                rec[k] = v(s) if callable(v) else v
+            records[(config, s)] = {"config": config, "seed": s, "params": params, **rec}
+    return Runs.from_records(records, "cmd")
+
+
+def both_layers(stem: str, value: Any) -> dict[str, Any]:
+    return {stem.format(l=l): value for l in (1, 2)}
+
+
+# -- P1 ---------------------------------------------------------------------------------------
+
+
+def test_p1_sigma2_rising_past_the_critical_scale_is_supported():
+    noise = lambda s: 0.7 + 0.01 * s  # noqa: E731
+    runs = runs_with(
+        fbt_kappa_0_1=both_layers("entry_scale_{l}", 0.05),
+        fbt_kappa_10=both_layers("entry_scale_{l}", 5.0) | both_layers("sigma2_{l}", noise),
+    )
+    v, info = V.p1_verdict(runs)
+    assert v.outcome == "supported" and v.effect.mean == pytest.approx(0.22, abs=0.01)
+    assert (info["weakest"], info["strongest"]) == ("fbt_kappa-0.1", "fbt_kappa-10")
+
+
+def test_p1_is_not_tested_when_the_levels_do_not_straddle_the_critical_scale():
+    runs = runs_with(fbt_kappa_0_1=both_layers("entry_scale_{l}", 2.0),
+                     fbt_kappa_10=both_layers("entry_scale_{l}", 50.0))  # fmt: skip
+    v, _ = V.p1_verdict(runs)
+    assert v.outcome == "not tested" and "do not straddle" in v.reason
+
+
+def test_p1_unchanged_sigma2_across_the_critical_scale_is_contradicted():
+    runs = runs_with(fbt_kappa_0_1=both_layers("entry_scale_{l}", 0.05),
+                     fbt_kappa_10=both_layers("entry_scale_{l}", 5.0))  # fmt: skip
+    assert V.p1_verdict(runs)[0].outcome == "contradicted"  # |effect| << sesoi 0.05
+
+
+# -- P2 ---------------------------------------------------------------------------------------
+
+
+def test_p2_a_mismatched_alpha_costing_bits_is_supported_and_a_free_one_contradicted():
+    worse = {"bpc_at_alpha_1": lambda s: 2.1 + 0.01 * s}  # trained at 0, evaluated at 1
+    runs = runs_with(fbt_alpha_0=worse, fbt={"bpc_at_alpha_0": lambda s: 2.1 + 0.01 * s})
+    gaps = V.p2_gaps(runs)
+    assert set(gaps) == {(0.0, 1.0), (1.0, 0.0)}
+    np.testing.assert_allclose(gaps[(0.0, 1.0)], 0.1 + 0.01 * np.arange(5), atol=0.005)
+    assert V.p2_verdict(runs).outcome == "supported"
+    assert V.p2_verdict(runs_with()).outcome == "contradicted"
+
+
+# -- P3 ---------------------------------------------------------------------------------------
+
+
+def test_p3_growth_beyond_the_noise_control_contradicts_collapse():
+    runs = runs_with(
+        fbt_noise=both_layers("kappa_{l}_mean", lambda s: 10.0 * (1 + 0.01 * s)),  # 100x
+        fbt_reg_none=both_layers("kappa_{l}_mean", lambda s: 1000.0 * (1 + 0.02 * s)),  # 10^4 x
+        fbt_reg_l2=both_layers("kappa_{l}_mean", lambda s: 0.01 * (1 + 0.03 * s)),  # 0.1x
+    )
+    p3 = V.p3_verdicts(runs)
+    assert p3["none"].outcome == "contradicted"
+    assert p3["none"].effect.mean == pytest.approx(2.0, abs=0.02)
+    assert p3["l2"].outcome == "supported" and p3["l2"].effect.mean == pytest.approx(-3.0, abs=0.03)
+    assert V.weakest([p3["l2"], p3["none"]]) is p3["none"]
+
+
+def test_p3_growth_equal_to_the_noise_controls_is_contradicted_not_supported():
+    same = both_layers("kappa_{l}_mean", lambda s: 10.0 * (1 + 0.01 * s))
+    runs = runs_with(fbt_noise=same, fbt_reg_none=same, fbt_reg_l2=same)
+    assert {v.outcome for v in V.p3_verdicts(runs).values()} == {"contradicted"}
+
+
+# -- P4 ---------------------------------------------------------------------------------------
+
+
+def test_p4_needs_both_heterogeneity_and_correlation_to_grow_over_initialisation():
+    more_cv = both_layers("kappa_{l}_cv", lambda s: 0.5 + 0.01 * s)
+    more_rho = both_layers("kappa_{l}_spearman_surprisal", lambda s: 0.5 + 0.01 * s)
+    both = V.p4_verdicts(runs_with(fbt=more_cv | more_rho))
+    assert {k: v.outcome for k, v in both.items()} == {"cv": "supported", "spearman": "supported"}
+    less_cv = both_layers("kappa_{l}_cv", lambda s: 0.15 + 0.01 * s)  # init 0.3, as in the book
+    mixed = V.p4_verdicts(runs_with(fbt=less_cv | more_rho))
+    assert mixed["cv"].outcome == "contradicted"
+    assert V.weakest(list(mixed.values())).outcome == "contradicted"
+
+
+# -- P5 ---------------------------------------------------------------------------------------
+
+
+def test_matched_control_interpolates_inside_the_range_and_refuses_outside():
+    xs, ys = np.array([3.0, 1.0, 2.0]), np.array([30.0, 10.0, 20.0])
+    assert V.matched_control(1.5, xs, ys) == pytest.approx(15.0)
+    assert V.matched_control(3.0, xs, ys) == pytest.approx(30.0)
+    assert math.isnan(V.matched_control(0.5, xs, ys))
+    assert math.isnan(V.matched_control(3.5, xs, ys))
+
+
+def _entropy_rank(entropy: float, rank: Any) -> dict[str, Any]:
+    return both_layers("entropy_{l}", entropy) | {"erank_2": rank}
+
+
+def test_p5_compares_against_the_dot_model_at_the_same_attention_entropy():
+    """Sharper dot attention keeps more rank (rank = 20 - 4 entropy here); the FBT at entropy 1.5
+    has rank 14 + 1, one more than the matched dot model's 14, but six more than the T = 1
+    model's 12 (entropy 2)."""
+    runs = runs_with(
+        dot=_entropy_rank(2.0, 12.0), dot_temp_0_5=_entropy_rank(1.0, 16.0),
+        dot_temp_0_25=_entropy_rank(0.5, 18.0), fbt=_entropy_rank(1.5, lambda s: 15.0 + 0.1 * s),
+    )  # fmt: skip
+    ent, rank, matched = V.p5_matched(runs)
+    np.testing.assert_allclose(ent, 1.5)
+    np.testing.assert_allclose(matched, 14.0)
+    v = V.p5_verdict(runs)
+    assert v.effect.mean == pytest.approx(1.2) and v.outcome == "supported"
+    assert runs.paired("fbt", "dot", "erank_2").mean == pytest.approx(3.2)  # the unmatched gap
+
+
+def test_p5_is_not_tested_when_no_temperature_is_as_sharp_as_the_fbt():
+    runs = runs_with(dot=_entropy_rank(2.0, 12.0), dot_temp_0_5=_entropy_rank(1.8, 13.0),
+                     dot_temp_0_25=_entropy_rank(1.6, 14.0), fbt=_entropy_rank(0.8, 20.0))  # fmt: skip
+    v = V.p5_verdict(runs)
+    assert v.outcome == "not tested" and "do not reach" in v.reason
+
+
+# -- P6 ---------------------------------------------------------------------------------------
+
+
+def test_p6_reads_the_largest_against_the_smallest_metric_rank():
+    runs = runs_with(fbt_rank_8={"erank_2": lambda s: 13.0 + 0.1 * s})
+    assert V.p6_names(runs) == {1: "fbt_rank-1", 4: "fbt", 8: "fbt_rank-8"}
+    v = V.p6_verdict(runs)
+    assert v.outcome == "supported" and v.effect.mean == pytest.approx(3.2, abs=0.01)
+
+
+# -- eq. (25), the cost, the scale, every claim ----------------------------------------------
+
+
+def test_eq25_identity_is_false_and_its_defect_is_at_most_the_norm_squared_over_root_2():
+    for d, r, seed in ((8, 2, 0), (6, 1, 1), (12, 3, 2)):
+        c = V.eq25_counterexample(d, r, seed)
+        assert c["lhs"] == pytest.approx(c["defect"], rel=1e-12)  # P^T P - I = Delta^T Delta
+        assert c["lowrank"] == pytest.approx(c["defect"], rel=1e-10)
+        assert c["lhs"] < 0.99 * c["rhs"]  # eq. (25)'s identity fails ...
+        assert c["lhs"] <= c["bound"] * (1 + 1e-12)  # ... the bound holds
+    c = V.eq25_counterexample(6, 1, 1)  # rank 2: one pair of singular values, the bound is tight
+    assert c["lhs"] == pytest.approx(c["bound"], rel=1e-12)
+
+
+def _timing(ratio: list[float]) -> dict[str, Any]:
+    dot = [0.01] * len(ratio)
+    fbt = [0.01 * r for r in ratio]
+    return {"results": {"dot": {"forward_backward": {"samples_s": dot}},
+                        "fbt": {"forward_backward": {"samples_s": fbt}}}}  # fmt: skip
+
+
+def test_overhead_is_supported_only_inside_the_declared_margin():
+    assert V.overhead_verdict(_timing([1.05, 1.08, 1.06, 1.07])).outcome == "supported"
+    assert V.overhead_verdict(_timing([6.4, 6.6, 6.5])).outcome == "contradicted"
+
+
+def test_outcomes_are_not_tested_in_the_bigram_regime_and_decided_below_it():
+    supported = dict(
+        fbt_kappa_0_1=both_layers("entry_scale_{l}", 0.05),
+        fbt_kappa_10=both_layers("entry_scale_{l}", 5.0) | both_layers("sigma2_{l}", lambda s: 0.7 + 0.01 * s),
+    )  # fmt: skip
+    good = V.outcomes_from_runs(runs_with(**supported), _timing([6.4, 6.6, 6.5]), evidence="x")
+    assert set(good) == {c.key for c in claims.CLAIMS if c.module.endswith(".fiber_bundle")}
+    assert good["riemannian/P1"].outcome == "supported"  # dot baseline at 2 bpc: decisive
+    assert good["riemannian/eq-25"].outcome == "contradicted"
+    assert good["riemannian/overhead"].outcome == "contradicted"
+    assert "2 bpc" in good["riemannian/P1"].scale and good["riemannian/P1"].evidence == "x"
+    bigram = {**supported, "dot": {"val_bpc": lambda s: 3.4 + 0.01 * s}}
+    early = V.outcomes_from_runs(runs_with(**bigram), _timing([6.4, 6.6, 6.5]), evidence="x")
+    assert early["riemannian/P1"].outcome == "not tested"
+    assert "bigram" in early["riemannian/P1"].summary
+    assert early["riemannian/P1"].effect == good["riemannian/P1"].effect  # reported anyway
+    assert early["riemannian/eq-25"].outcome == "contradicted"  # a float64 check has no scale
+
+
+def test_training_scale_counts_the_characters_of_a_run():
+    scale = V.training_scale(runs_with())
+    assert (scale.steps, scale.tokens, scale.seeds) == (200, 200 * 8 * 64, 5)
+    assert scale.baseline == pytest.approx(2.0, abs=0.01) and scale.decisive
+
+
+def test_a_part_of_a_claim_is_stated_at_the_runs_scale_too():
+    runs = runs_with(fbt_reg_none=both_layers("kappa_{l}_mean", lambda s: 1000.0 * (1 + 0.02 * s)))
+    v = V.p3_verdicts(runs)["none"]  # growth far beyond the control: contradicted
+    assert v.outcome == "contradicted"
+    assert V.at_scale(v, V.training_scale(runs)).endswith(", contradicted")  # dot at 2 bpc
+    bigram = runs_with(dot={"val_bpc": 3.4}, fbt_reg_none=both_layers("kappa_{l}_mean", 1000.0))
+    assert V.at_scale(V.p3_verdicts(bigram)["none"], V.training_scale(bigram)).endswith(
+        "not tested"
+    )
