@@ -35,6 +35,7 @@ from .attention.base import Attention, AttentionResult
 from .attention.mixed import MixedHeadAttention
 from .attention.registry import build_attention
 from .attention.riemannian import RiemannianAttention, metric_preconditioned_update
+from .profiling import phase
 from .validate import Fraction, PositiveFloat, PositiveInt
 
 __all__ = [
@@ -430,7 +431,9 @@ class FiberBundleBlock(nn.Module):
             )
         Ut = U.permute(0, 2, 1, 3, 4)  # (B, L, H, d, r)
         heads = (b, seq, h, d)
-        return metric_preconditioned_update(x.view(heads), Ut, m.view(heads)).view(x.shape), res
+        with phase("preconditioned_update"):
+            x = metric_preconditioned_update(x.view(heads), Ut, m.view(heads)).view(x.shape)
+        return x, res
 
 
 class FiberBundleTransformer(Transformer):

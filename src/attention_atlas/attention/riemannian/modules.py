@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...profiling import phase
 from ..base import Attention, AttentionResult
 from ..dot import attention_from_logits
 from .diagnostics import metric_statistics
@@ -288,18 +289,25 @@ class RiemannianAttention(Attention):
         mask: Tensor | None,
         need_weights: bool,
     ) -> AttentionResult:
-        U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
+        with phase("metric_net"):
+            U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
         if self.projection is not None:  # Phase A++
-            q, k = self.projection(q, U), self.projection(k, U)
-        omega = self.curvature(U) if self.curvature is not None else None  # (B, H, L), Phase B
+            with phase("metric_projection"):
+                q, k = self.projection(q, U), self.projection(k, U)
+        omega = None
+        if self.curvature is not None:  # Phase B
+            with phase("curvature"):
+                omega = self.curvature(U)  # (B, H, L)
         U_s = U if self.use_geodesic else torch.zeros_like(U)  # Phase D scores
         omega_s = omega if self.use_geodesic else None
-        res = self._aggregate(q, k, v, U_s, omega_s, causal, mask, need_weights)
+        with phase("geodesic_scores"):
+            res = self._aggregate(q, k, v, U_s, omega_s, causal, mask, need_weights)
         extras: dict[str, Tensor] = {"metric_factor": U}
         if omega is not None:
             extras["curvature"] = omega
         out = self._transport(x, res.out, extras)  # Phases D and C
-        res.diagnostics.update(metric_statistics(U))
+        with phase("metric_statistics"):
+            res.diagnostics.update(metric_statistics(U))
         return AttentionResult(out, res.probs, res.diagnostics, extras)
 
     def _aggregate(
@@ -331,12 +339,14 @@ class RiemannianAttention(Attention):
         to ``extras``. ``x (B, L, D)``, ``out (B, H, L, d)``."""
         moved = out
         if self.transport is not None and self.use_geodesic:
-            a, b = self.transport(x)
-            moved = self.transport.apply_transport(a, b, out)
+            with phase("transport"):
+                a, b = self.transport(x)
+                moved = self.transport.apply_transport(a, b, out)
             extras["transport_a"], extras["transport_b"] = a, b
         if self.torsion is not None and self.torsion_gate is not None:
-            lt, rt = self.torsion(x)
-            moved = moved + torch.sigmoid(self.torsion_gate) * torsion_apply(lt, rt, out)
+            with phase("torsion"):
+                lt, rt = self.torsion(x)
+                moved = moved + torch.sigmoid(self.torsion_gate) * torsion_apply(lt, rt, out)
             extras["torsion_l"], extras["torsion_r"] = lt, rt
         return moved
 
