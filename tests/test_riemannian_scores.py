@@ -140,3 +140,37 @@ def test_errors_name_expected_and_received_shapes():
         R.hybrid_scores(q, k, U, 1.0, 0.5, baseline="cosine")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="alpha must be a finite number"):
         R.blend_weights(math.nan)
+
+
+def test_pairwise_metric_terms_are_the_distances_of_every_projection_to_its_centre():
+    q, k, _, U = inputs(seed=32, L=7, d=5, r=3)
+    x = torch.stack([k, q], dim=-3)  # (..., 2, L, d)
+    c = torch.randn(*U.shape[:-2], 3, 2, generator=torch.Generator().manual_seed(1), dtype=DT)
+    proj = torch.einsum("...tdr,...bsd->...trbs", U, x)  # U_t^T x_bs
+    ref = (c.unsqueeze(-1) - proj).pow(2).sum(-3)  # |c_tb - U_t^T x_bs|^2
+    assert rel(R.pairwise_metric_terms(U, x, c), ref) < TOL
+
+
+def test_pairwise_metric_terms_custom_backward_passes_gradcheck():
+    *_, U = inputs(shape=(2,), L=4, d=3, r=2, seed=33, grad=True)
+    x = torch.randn(2, 2, 5, 3, dtype=DT, requires_grad=True)
+    c = torch.randn(2, 4, 2, 2, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(R.pairwise_metric_terms, (U, x, c))
+
+
+def test_eq16_scores_on_an_r_major_factor_equal_the_definition():
+    # the layout the factor networks produce: (..., d, r) viewed from contiguous (..., r, d)
+    q, k, _, U = inputs(seed=34, L=9, d=4, r=3)
+    U_r_major = U.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not U_r_major.is_contiguous()
+    ref = R.geodesic_scores_dense(q, k, U, 0.8)
+    assert rel(R.geodesic_scores_decomposed(q, k, U_r_major, 0.8), ref) < TOL
+
+
+def test_pairwise_metric_terms_reject_mismatched_shapes():
+    _, k, _, U = inputs(L=4, d=3, r=2)
+    x = torch.stack([k, k], -3)
+    with pytest.raises(ValueError, match=r"x must have shape \(2, 3\) \+ \(nb, M, 3\)"):
+        R.pairwise_metric_terms(U, x[..., :2], torch.zeros(2, 3, 4, 2, 2, dtype=DT))
+    with pytest.raises(ValueError, match=r"centres must have shape \(2, 3, 4, 2, 2\)"):
+        R.pairwise_metric_terms(U, x, torch.zeros(2, 3, 4, 2, dtype=DT))

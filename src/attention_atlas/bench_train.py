@@ -16,8 +16,11 @@ optimiser step (forward, loss, regularisers, backward, clipping, AdamW: the priv
    ``embedding``, ``layernorm``, ``qkv_proj``, ``attention`` (the rest of the attention
    module: the variant's own core), ``mlp``, ``lm_head``), and each backward operator to the
    range of the forward operator it differentiates (autograd's sequence numbers link them).
-   Shares are of the profiled time (the profiler slows small operators more than large ones,
-   so shares are approximate); a phase's milliseconds are its share of the unprofiled median;
+   The profiler's own cost (the profiled steps' wall time less the same steps' unprofiled
+   time, per recorded operator) is taken off each phase in proportion to its operators, so
+   phases of many small operators are not inflated; shares are of what remains, and a phase's
+   milliseconds are its share of the unprofiled median step (approximate: a profile is one
+   sample of a noisy machine, the step's ratio to dot is the measured number);
 3. **FLOPs** per phase, forward and backward, from the same attribution with the matrix-product
    FLOPs of each operator (``2 m n k`` per product, as
    :class:`torch.utils.flop_counter.FlopCounterMode` counts, SDPA included), and the model's
@@ -230,9 +233,11 @@ def _attribute(events: list[Any], with_flops: bool) -> dict[str, dict[str, float
             name = ranges.get(seq_event.sequence_nr, "other")
         key = "optimizer" if part == "optimizer" else name
         row = out.setdefault(key, {"forward_s": 0.0, "backward_s": 0.0, "forward_flops": 0.0,
-                                   "backward_flops": 0.0})  # fmt: skip
+                                   "backward_flops": 0.0, "forward_events": 0.0,
+                                   "backward_events": 0.0})  # fmt: skip
         col = "backward" if part == "backward" else "forward"
         row[f"{col}_s"] += e.self_cpu_time_total * 1e-6
+        row[f"{col}_events"] += 1
         if with_flops:
             row[f"{col}_flops"] += _op_flops(e)
     return out
@@ -246,14 +251,28 @@ def profile_phases(step: Callable[[], Any], model: nn.Module, steps: int = 3) ->
 
     from .bench import _quiet_stderr_fd
 
+    def wall() -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return time.perf_counter() - t0
+
     with _module_ranges(model), _quiet_stderr_fd():
+        plain = wall()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(steps):
-                step()
+            profiled = wall()
+        plain = min(plain, wall())
         timed = _attribute(list(prof.events()), with_flops=False)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as pf:
             step()
         counted = _attribute(list(pf.events()), with_flops=True)
+    # the profiler's own cost, per recorded event, taken off each phase in proportion to its
+    # events (so phases of many small operators are not inflated)
+    n_events = sum(r["forward_events"] + r["backward_events"] for r in timed.values())
+    per_event = max(0.0, profiled - plain) / max(1.0, n_events)
+    for r in timed.values():
+        for part in ("forward", "backward"):
+            r[f"{part}_s"] = max(0.0, r[f"{part}_s"] - per_event * r[f"{part}_events"])
     total = sum(r["forward_s"] + r["backward_s"] for r in timed.values())
     phases: dict[str, Any] = {}
     for name in sorted(set(timed) | set(counted)):
@@ -320,8 +339,9 @@ def bench_train(
     corpus = data if data is not None else load_char_ptb()
     runs = {v: _build_run(v, sizes, corpus, seed) for v in names}
     steps = {v: _step_fn(r) for v, r in runs.items()}
+    clock = "cpu" if torch.get_num_threads() == 1 else "wall"
     timing = compare(steps, "dot", (), backward=False, warmup=warmup, reps=reps,
-                     min_sample_s=min_sample_s, memory=False)  # fmt: skip
+                     min_sample_s=min_sample_s, memory=False, clock=clock)  # fmt: skip
     results: dict[str, Any] = {}
     for v, run in runs.items():
         t = dict(timing["results"][v]["forward"])
@@ -335,7 +355,7 @@ def bench_train(
         "name": f"train-{shape}" if isinstance(shape, str) else "train-custom",
         "kind": "train_step", "shape": shape if isinstance(shape, str) else "custom",
         "sizes": sizes, "baseline": "dot", "device": "cpu", "threads": torch.get_num_threads(),
-        "reps": reps, "seconds": time.time() - t0, "results": results,
+        "reps": reps, "clock": clock, "seconds": time.time() - t0, "results": results,
     }  # fmt: skip
 
 

@@ -429,10 +429,9 @@ class FiberBundleBlock(nn.Module):
             raise ValueError(
                 f"Phase E needs n_heads * head_dim = dim, got {h} * {d} != {m.shape[-1]}"
             )
-        Ut = U.permute(0, 2, 1, 3, 4)  # (B, L, H, d, r)
-        heads = (b, seq, h, d)
         with phase("preconditioned_update"):
-            x = metric_preconditioned_update(x.view(heads), Ut, m.view(heads)).view(x.shape)
+            xh, mh = (t.view(b, seq, h, d).transpose(1, 2) for t in (x, m))  # (B, H, L, d)
+            x = metric_preconditioned_update(xh, U, mh).transpose(1, 2).reshape(x.shape)
         return x, res
 
 

@@ -23,14 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...profiling import phase
-from ..base import Attention, AttentionResult
-from ..dot import attention_from_logits
+from ..base import Attention, AttentionResult, combine_masks
+from ..dot import attention_from_logits, masked_softmax
 from .diagnostics import metric_statistics
 from .fast import Method, geodesic_attention
 from .geometry import (
     cayley_transport_apply,
     curvature_proxy,
     metric_aware_projection,
+    metric_aware_projection_pair,
     torsion_apply,
     transport_apply,
 )
@@ -47,6 +48,9 @@ __all__ = [
 ]
 
 METHODS = ("auto", "augmented", "sdpa", "lowrank", "reference", "decomposed")
+#: ``method="auto"`` materialises eq. (16) while its pairwise products hold at most this many
+#: numbers (``B H L r 2L``; 128 MiB in float32), and takes a fast path beyond
+MATERIALISED_ELEMENTS = 1 << 25
 
 
 class _HeadFactorNet(nn.Module):
@@ -73,11 +77,15 @@ class _HeadFactorNet(nn.Module):
         nn.init.zeros_(self.fc2.bias)
 
     def factors(self, x: Tensor) -> Tensor:
-        """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``."""
+        """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``.
+
+        Stored ``r``-major per token (the last two dimensions are the transpose of a
+        contiguous ``(r, d)`` block): one copy here, and then ``U^T x`` products and the
+        flattened ``(L r, d)`` matrix of the pairwise scores need none."""
         b, seq, _ = x.shape
         y = self.fc2(F.silu(self.fc1(x)))
         y = y.view(b, seq, self.n_factors, self.n_heads, self.head_dim, self.rank)
-        return y.permute(2, 0, 3, 1, 4, 5)
+        return y.permute(2, 0, 3, 1, 5, 4).contiguous().transpose(-1, -2)
 
 
 class MetricNet(_HeadFactorNet):
@@ -180,6 +188,10 @@ class MetricAwareProjection(nn.Module):
     def forward(self, q: Tensor, U: Tensor) -> Tensor:
         return metric_aware_projection(q, U, torch.sigmoid(self.gamma_param))
 
+    def pair(self, q: Tensor, k: Tensor, U: Tensor) -> tuple[Tensor, Tensor]:
+        """The projection of ``q`` and of ``k`` in one pass over ``U``."""
+        return metric_aware_projection_pair(q, k, U, torch.sigmoid(self.gamma_param))
+
 
 class RiemannianAttention(Attention):
     """Multi-head geodesic attention with per-token low-rank metrics from the hidden state, and
@@ -205,6 +217,10 @@ class RiemannianAttention(Attention):
         method: ``"decomposed"`` (materialised scores by eq. (16),
             :func:`~attention_atlas.attention.riemannian.scores.geodesic_scores_decomposed`:
             cheapest at short lengths), or a method of :func:`geodesic_attention` (fast paths).
+            ``"auto"`` is ``"decomposed"`` while its ``(B, H, L, r, 2L)`` products hold at
+            most :data:`MATERIALISED_ELEMENTS` numbers (fewer FLOPs per pair than any fast
+            path: ``4 d r + 2 (2 d + 1)`` against the augmented ``2 (d^2 + 3 d + 1)``), else
+            :func:`geodesic_attention`'s own choice.
             With ``need_weights=True`` the scores are materialised (by eq. (16) for
             ``"decomposed"``, else by the reference eq. (15)).
         metric: Phase A. False: ``U = 0`` (MetricNet is kept but unused, so parameter counts of
@@ -293,7 +309,7 @@ class RiemannianAttention(Attention):
             U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
         if self.projection is not None:  # Phase A++
             with phase("metric_projection"):
-                q, k = self.projection(q, U), self.projection(k, U)
+                q, k = self.projection.pair(q, k, U)
         omega = None
         if self.curvature is not None:  # Phase B
             with phase("curvature"):
@@ -324,14 +340,21 @@ class RiemannianAttention(Attention):
         """``softmax(scores) v`` per head, ``(B, H, L, d)``: materialised (eq. (16) or (15)) for
         ``method="decomposed"`` or ``need_weights``, else by :func:`geodesic_attention`."""
         alpha, baseline = self.alpha, cast(Baseline, self.baseline)
-        if self.method == "decomposed" or need_weights:
-            scores = geodesic_scores_decomposed if self.method == "decomposed" else geodesic_scores
+        method = self.method
+        pairwise = 2 * (U.numel() // U.shape[-2]) * k.shape[-2]  # B H L r 2L
+        if method == "auto" and pairwise <= MATERIALISED_ELEMENTS:
+            method = "decomposed"  # (B, H, L, r, 2L) products of eq. (16)
+        if method == "decomposed" or need_weights:
+            scores = geodesic_scores_decomposed if method == "decomposed" else geodesic_scores
             logits = scores(q, k, U, self.tau, curvature=omega, alpha=alpha, baseline=baseline)
-            res = attention_from_logits(logits, v, causal=causal, mask=mask)  # logits (B, H, L, L)
-            return res if need_weights else AttentionResult(res.out)
-        method = cast(Method, self.method)
+            if need_weights:  # logits (B, H, L, L)
+                return attention_from_logits(logits, v, causal=causal, mask=mask)
+            keep = combine_masks(
+                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
+            )
+            return AttentionResult(masked_softmax(logits, keep) @ v)
         out = geodesic_attention(q, k, v, U, self.tau, causal, mask=mask, curvature=omega,
-                                 alpha=alpha, baseline=baseline, method=method)  # fmt: skip
+                                 alpha=alpha, baseline=baseline, method=cast(Method, method))  # fmt: skip
         return AttentionResult(out)
 
     def _transport(self, x: Tensor, out: Tensor, extras: dict[str, Tensor]) -> Tensor:

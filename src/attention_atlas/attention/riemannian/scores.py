@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ...linalg import sym_pack_indices
+from .geometry import factor_t_apply
 
 __all__ = [
     "Baseline",
@@ -49,6 +50,7 @@ __all__ = [
     "geodesic_scores_decomposed",
     "geodesic_scores_dense",
     "hybrid_scores",
+    "pairwise_metric_terms",
     "pairwise_metric",
     "token_metric",
 ]
@@ -265,26 +267,89 @@ def geodesic_scores_decomposed(
 
     ``|U_i^T (q_i - k_j)|^2 = |U_i^T q_i - U_i^T k_j|^2``, and the same for ``U_j``.
     ``U_i^T q_i`` and ``U_j^T k_j`` are per token (``O(d r)`` each), but ``U_i^T k_j`` and
-    ``U_j^T q_i`` are per pair: all of them come from one batched product ``(L r, d) x (d, L)``
-    each (``(..., L, r, L)`` memory, ``O(d r)`` work per pair). Curvature and blending as in
-    :func:`geodesic_scores`. Returns ``(..., L, L)``.
+    ``U_j^T q_i`` are per pair: both come from one batched product ``(L r, d) x (d, 2L)``
+    (:func:`pairwise_metric_terms`, ``(..., L, r, 2L)`` memory, ``O(d r)`` work per pair), and
+    ``|q_i - k_j|^2`` and the dot baseline from one ``(L, d) x (d, L)`` product with the norms
+    as row and column terms: ``(2r + 1) d`` multiply-adds per pair. Curvature and blending as
+    in :func:`geodesic_scores`. Returns ``(..., L, L)``.
     """
     check_metric_inputs(q, k, U, tau)
     check_curvature(curvature, q)
-    w = blend_weights(alpha, baseline)
+    seq = q.shape[-2]
+    c_dot, c_euc, c_met = blend_coefficients(q.shape[-1], tau, alpha, baseline)
+    uq = factor_t_apply(U, q)  # U_i^T q_i                                     (..., L, r)
+    uk = factor_t_apply(U, k)  # U_j^T k_j                                     (..., L, r)
+    terms = pairwise_metric_terms(U, torch.stack([k, q], -3), torch.stack([uq, uk], -1))
+    # terms[..., i, 0, j] = |U_i^T q_i - U_i^T k_j|^2, terms[..., j, 1, i] = |U_j^T q_i - U_j^T k_j|^2
+    metric = terms[..., 0, :] + terms[..., 1, :].transpose(-1, -2)  # (..., Li, Lj)
+    row = -c_euc * (q * q).sum(-1)  # the |q_i|^2 and |k_j|^2 of |q_i - k_j|^2 (and Omega)
+    col = -c_euc * (k * k).sum(-1)
+    if curvature is not None:  # eq. (23): Omega_i + Omega_j added to the distance
+        row, col = row - c_met * curvature, col - c_met * curvature
+    bias = (row.unsqueeze(-1) + col.unsqueeze(-2)).reshape(-1, seq, seq)
+    s = torch.baddbmm(bias, q.reshape(-1, seq, q.shape[-1]), k.reshape(-1, seq, k.shape[-1]).transpose(1, 2),
+                      alpha=c_dot + 2 * c_euc)  # fmt: skip
+    return s.view(metric.shape) - (0.5 * c_met) * metric
+
+
+class _PairwiseMetricTerms(torch.autograd.Function):
+    """``D[n, t, b, s] = |c[n, t, :, b] - G[n, t, :, b, s]|^2`` with ``G = U_t^T x_{b, s}``:
+    ``ut (N, L, r, d)``, ``x (N, nb, M, d)``, ``c (N, L, r, nb)`` -> ``(N, L, nb, M)``; the
+    backward (``dG = 2 (G - c) dD``, then two products) is written out."""
+
+    @staticmethod
+    def forward(ctx, ut: Tensor, x: Tensor, c: Tensor) -> Tensor:  # type: ignore[override]
+        n, seq, r, d = ut.shape
+        nb, m = x.shape[1], x.shape[2]
+        g = torch.bmm(ut.reshape(n, seq * r, d), x.reshape(n, nb * m, d).transpose(1, 2))
+        g = g.view(n, seq, r, nb, m).sub_(c.unsqueeze(-1))  # G - c, in place
+        ctx.save_for_backward(ut, x, g)
+        return g.square().sum(2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
+        ut, x, g = ctx.saved_tensors
+        n, seq, r, d = ut.shape
+        nb, m = x.shape[1], x.shape[2]
+        dg = g * (2.0 * grad).unsqueeze(2)  # (N, L, r, nb, M)
+        flat = dg.view(n, seq * r, nb * m)
+        d_ut = (
+            torch.bmm(flat, x.reshape(n, nb * m, d)).view(ut.shape)
+            if ctx.needs_input_grad[0]
+            else None
+        )
+        d_x = (
+            torch.bmm(flat.transpose(1, 2), ut.reshape(n, seq * r, d)).view(x.shape)
+            if ctx.needs_input_grad[1]
+            else None
+        )
+        d_c = -dg.sum(-1) if ctx.needs_input_grad[2] else None
+        return d_ut, d_x, d_c
+
+
+def pairwise_metric_terms(U: Tensor, x: Tensor, centres: Tensor) -> Tensor:
+    """``D_tbs = |c_tb - U_t^T x_bs|^2``: the pairwise terms of eq. (16).
+
+    ``U (..., L, d, r)``, ``x (..., nb, M, d)`` (``nb`` blocks of vectors), ``centres (..., L,
+    r, nb)`` (one per metric token and block) -> ``(..., L, nb, M)``. One product
+    ``(L r, d) x (d, nb M)``, ``O(d r)`` per pair, with a written-out backward; eq. (16) uses
+    ``x = [k; q]`` with centres ``[U_t^T q_t, U_t^T k_t]``.
+    """
     *batch, seq, d, r = U.shape
-    Ut = U.transpose(-1, -2)  # (..., L, r, d)
-    uq = (Ut @ q.unsqueeze(-1)).squeeze(-1)  # U_i^T q_i                  (..., L, r)
-    uk = (Ut @ k.unsqueeze(-1)).squeeze(-1)  # U_j^T k_j                  (..., L, r)
-    flat = Ut.reshape(*batch, seq * r, d)
-    g = (flat @ k.transpose(-1, -2)).view(*batch, seq, r, seq)  # [i, :, j] = U_i^T k_j
-    h = (flat @ q.transpose(-1, -2)).view(*batch, seq, r, seq)  # [j, :, i] = U_j^T q_i
-    term_i = (uq.unsqueeze(-1) - g).pow(2).sum(-2)  # |U_i^T q_i - U_i^T k_j|^2  (..., Li, Lj)
-    term_j = (h - uk.unsqueeze(-1)).pow(2).sum(-2).transpose(-1, -2)  # (..., Lj, Li) -> (Li, Lj)
-    euc = (
-        (q * q).sum(-1).unsqueeze(-1) + (k * k).sum(-1).unsqueeze(-2) - 2 * q @ k.transpose(-1, -2)
-    )
-    return _blend(euc, term_i, term_j, q, k, tau, w, curvature)
+    if x.shape[:-3] != tuple(batch) or x.shape[-1] != d:
+        raise ValueError(
+            f"x must have shape {tuple(batch)} + (nb, M, {d}) to match U {tuple(U.shape)}, "
+            f"got {tuple(x.shape)}"
+        )
+    nb, m = x.shape[-3], x.shape[-2]
+    if centres.shape != (*batch, seq, r, nb):
+        raise ValueError(
+            f"centres must have shape {(*batch, seq, r, nb)} (one per metric token and block), "
+            f"got {tuple(centres.shape)}"
+        )
+    ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
+    out = _PairwiseMetricTerms.apply(ut, x.reshape(-1, nb, m, d), centres.reshape(-1, seq, r, nb))
+    return out.view(*batch, seq, nb, m)
 
 
 # ----------------------------------------------------------------------------------------
