@@ -198,7 +198,7 @@ def slopes(record: dict[str, Any], key: str = "forward_backward_s") -> dict[str,
 
     out = {}
     for v, by_len in record["results"].items():
-        pts = sorted((int(length), r[key]) for length, r in by_len.items())
+        pts = sorted((int(n), r[key]) for n, r in by_len.items() if r.get(key) is not None)
         out[v] = (
             loglog_slope([p[0] for p in pts], [p[1] for p in pts]) if len(pts) >= 2 else math.nan
         )

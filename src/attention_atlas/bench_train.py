@@ -9,18 +9,19 @@ optimiser step (forward, loss, regularisers, backward, clipping, AdamW: the priv
 1. **time**: every variant's step against the dot-product model's, interleaved in one process
    (:func:`attention_atlas.bench.compare`): the median step time and the median and quartiles
    of the per-round ratio to ``dot``;
-2. **phases**: where a step's time goes, from a :mod:`torch.profiler` trace of a few steps.
+2. **phases**: where a step's time goes, from :mod:`torch.profiler` traces of a few steps.
    Each operator goes to the innermost named range around it (the ranges of
    :func:`attention_atlas.profiling.phase` in the library: ``metric_net``, ``geodesic_scores``,
    ``transport``, ``regularizer/<name>``, ... and one per module kind opened by hooks here:
    ``embedding``, ``layernorm``, ``qkv_proj``, ``attention`` (the rest of the attention
    module: the variant's own core), ``mlp``, ``lm_head``), and each backward operator to the
    range of the forward operator it differentiates (autograd's sequence numbers link them).
-   The profiler's own cost (the profiled steps' wall time less the same steps' unprofiled
-   time, per recorded operator) is taken off each phase in proportion to its operators, so
-   phases of many small operators are not inflated; shares are of what remains, and a phase's
-   milliseconds are its share of the unprofiled median step (approximate: a profile is one
-   sample of a noisy machine, the step's ratio to dot is the measured number);
+   The profiler's own cost (measured per recorded operator on tiny additions) is taken off
+   each phase in proportion to its operators, so phases of many small operators are not
+   inflated; each phase's time is its median over the profiled
+   steps (an interrupted step does not count); shares are of what remains, and a phase's
+   milliseconds are its share of the unprofiled median step (approximate: the step's ratio to
+   dot is the measured number, the split of it an estimate);
 3. **FLOPs** per phase, forward and backward, from the same attribution with the matrix-product
    FLOPs of each operator (``2 m n k`` per product, as
    :class:`torch.utils.flop_counter.FlopCounterMode` counts, SDPA included), and the model's
@@ -35,8 +36,10 @@ stores the record in ``results/bench/<cpu|cuda>/train-<shape>.json`` (:mod:`.ben
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -59,6 +62,7 @@ __all__ = [
     "format_train_table",
     "phase_table",
     "profile_phases",
+    "step_flops",
     "train_setup",
 ]
 
@@ -243,44 +247,68 @@ def _attribute(events: list[Any], with_flops: bool) -> dict[str, dict[str, float
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _profiler_cost_per_event(n: int = 2000) -> float:
+    """Seconds the CPU profiler adds per recorded operator on this machine: ``n`` tiny
+    additions with and without it (the least of three tries each, this thread's CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.zeros(1)
+
+    def run() -> float:
+        t0 = time.thread_time()
+        for _ in range(n):
+            torch.add(a, a)
+        return time.thread_time() - t0
+
+    plain = min(run() for _ in range(3))
+    costs = []
+    for _ in range(3):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = run()
+        costs.append((t - plain) / max(1, len(prof.events())))
+    return max(0.0, min(costs))
+
+
 def profile_phases(step: Callable[[], Any], model: nn.Module, steps: int = 3) -> dict[str, Any]:
-    """Where ``steps`` calls of ``step`` (optimiser steps of ``model``) spend their time and
-    FLOPs: ``{phase: {"forward_s", "backward_s", "forward_flops", "backward_flops", "share"}}``
-    per step (time from a profile without shapes; FLOPs from one more step with them)."""
+    """Where one call of ``step`` (an optimiser step of ``model``) spends its time and FLOPs:
+    ``{phase: {"forward_s", "backward_s", "forward_flops", "backward_flops", "share"}}``.
+
+    Each of ``steps`` steps is profiled on its own (without shapes) and corrected for the
+    profiler's cost (:func:`_profiler_cost_per_event` per recorded operator); a phase's time is
+    its median over the steps, so a step that the machine interrupted (one operator descheduled
+    for milliseconds) does not count. FLOPs come from one more step profiled with shapes."""
     from torch.profiler import ProfilerActivity, profile
 
     from .bench import _quiet_stderr_fd
 
-    def wall() -> float:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        return time.perf_counter() - t0
-
+    per_step: list[dict[str, dict[str, float]]] = []
     with _module_ranges(model), _quiet_stderr_fd():
-        plain = wall()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            profiled = wall()
-        plain = min(plain, wall())
-        timed = _attribute(list(prof.events()), with_flops=False)
+        per_event = _profiler_cost_per_event()
+        for _ in range(steps):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+            one = _attribute(list(prof.events()), with_flops=False)
+            for r in one.values():
+                for part in ("forward", "backward"):
+                    r[f"{part}_s"] = max(0.0, r[f"{part}_s"] - per_event * r[f"{part}_events"])
+            per_step.append(one)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as pf:
             step()
         counted = _attribute(list(pf.events()), with_flops=True)
-    # the profiler's own cost, per recorded event, taken off each phase in proportion to its
-    # events (so phases of many small operators are not inflated)
-    n_events = sum(r["forward_events"] + r["backward_events"] for r in timed.values())
-    per_event = max(0.0, profiled - plain) / max(1.0, n_events)
-    for r in timed.values():
-        for part in ("forward", "backward"):
-            r[f"{part}_s"] = max(0.0, r[f"{part}_s"] - per_event * r[f"{part}_events"])
-    total = sum(r["forward_s"] + r["backward_s"] for r in timed.values())
+    names = sorted(set(counted).union(*per_step))
+    med = {
+        n: {part: statistics.median(s.get(n, {}).get(part, 0.0) for s in per_step)
+            for part in ("forward_s", "backward_s")}
+        for n in names
+    }  # fmt: skip
+    total = sum(m["forward_s"] + m["backward_s"] for m in med.values())
     phases: dict[str, Any] = {}
-    for name in sorted(set(timed) | set(counted)):
-        t = timed.get(name, {"forward_s": 0.0, "backward_s": 0.0})
+    for name in names:
         c = counted.get(name, {"forward_flops": 0.0, "backward_flops": 0.0})
+        t = med[name]
         phases[name] = {
-            "forward_s": t["forward_s"] / steps, "backward_s": t["backward_s"] / steps,
-            "share": (t["forward_s"] + t["backward_s"]) / total if total else math.nan,
+            **t, "share": (t["forward_s"] + t["backward_s"]) / total if total else math.nan,
             "forward_flops": int(c["forward_flops"]), "backward_flops": int(c["backward_flops"]),
         }  # fmt: skip
     return phases
@@ -289,10 +317,16 @@ def profile_phases(step: Callable[[], Any], model: nn.Module, steps: int = 3) ->
 # -- the benchmark -----------------------------------------------------------------------------
 
 
-def _model_flops(run: Any) -> dict[str, int]:
+def _peek_batch(run: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's next training batch, the sampler left where it was."""
     from .train.loop import _peek
 
     x, y = _peek(run.sampler)
+    return x, y
+
+
+def _model_flops(run: Any) -> dict[str, int]:
+    x, y = _peek_batch(run)
     flops = measure_flops(run.model, x, y)
     if any(s["name"] == "cofactor" for s in run.cfg.regularizers):
         from .cofactor.penalty import cofactor_flops
@@ -328,7 +362,9 @@ def bench_train(
         ``{"name", "kind": "train_step", "shape", "sizes", "baseline": "dot", "device",
         "threads", "reps", "seconds", "results": {variant: {"step": {median_s, q25_s, q75_s,
         ratio_median, ratio_q25, ratio_q75, samples_s}, "phases": {...}, "flops": {...},
-        "params": int}}}``.
+        "params": int}}}``; ``flops`` holds :func:`attention_atlas.train.measure_flops`'s counts
+        of the model (its fast path), ``step_counted`` (every matrix product the profiled step
+        ran, regularisers included) and for ``cofactor`` the ``regularizer_estimate``.
     """
     t0 = time.time()
     sizes = SHAPES[shape] if isinstance(shape, str) else {k: int(shape[k]) for k in _SHAPE_KEYS}
@@ -345,18 +381,29 @@ def bench_train(
     results: dict[str, Any] = {}
     for v, run in runs.items():
         t = dict(timing["results"][v]["forward"])
+        phases = profile_phases(steps[v], run.model, profile_steps)
+        flops = _model_flops(run)
+        flops["step_counted"] = sum(
+            p["forward_flops"] + p["backward_flops"] for p in phases.values()
+        )
         results[v] = {
-            "step": t,
-            "phases": profile_phases(steps[v], run.model, profile_steps),
-            "flops": _model_flops(run),
+            "step": t, "phases": phases, "flops": flops,
             "params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
-        }
+        }  # fmt: skip
     return {
         "name": f"train-{shape}" if isinstance(shape, str) else "train-custom",
         "kind": "train_step", "shape": shape if isinstance(shape, str) else "custom",
         "sizes": sizes, "baseline": "dot", "device": "cpu", "threads": torch.get_num_threads(),
         "reps": reps, "clock": clock, "seconds": time.time() - t0, "results": results,
     }  # fmt: skip
+
+
+def step_flops(result: dict[str, Any]) -> float:
+    """The matrix-product FLOPs of one whole step of a :func:`bench_train` result: those the
+    profile counted (model, loss and regularisers, the path the step really takes) plus the
+    estimate of the LU factorisations of a cofactor regulariser, which have no FLOP formula."""
+    f = result["flops"]
+    return float(f["step_counted"] + f.get("regularizer_estimate", 0))
 
 
 def phase_table(record: dict[str, Any], variant: str) -> list[dict[str, Any]]:
@@ -382,9 +429,9 @@ def format_train_table(record: dict[str, Any]) -> str:
         f"{'variant':<14} {'step ms':>9} {'ratio':>7} {'[q25,q75]':>13} {'step GFLOP':>11} "
         f"{'FLOP ratio':>10}",
     ]
-    dot_flops = record["results"]["dot"]["flops"]["train_step_total"]
+    dot_flops = step_flops(record["results"]["dot"])
     for v, r in record["results"].items():
-        t, f = r["step"], r["flops"]["train_step_total"] + r["flops"].get("regularizer_estimate", 0)
+        t, f = r["step"], step_flops(r)
         lines.append(
             f"{v:<14} {t['median_s'] * 1e3:>9.2f} {t['ratio_median']:>7.2f} "
             f"{'[' + format(t['ratio_q25'], '.2f') + ',' + format(t['ratio_q75'], '.2f') + ']':>13} "

@@ -286,10 +286,9 @@ def geodesic_scores_decomposed(
     col = -c_euc * (k * k).sum(-1)
     if curvature is not None:  # eq. (23): Omega_i + Omega_j added to the distance
         row, col = row - c_met * curvature, col - c_met * curvature
-    bias = (row.unsqueeze(-1) + col.unsqueeze(-2)).reshape(-1, seq, seq)
-    s = torch.baddbmm(bias, q.reshape(-1, seq, q.shape[-1]), k.reshape(-1, seq, k.shape[-1]).transpose(1, 2),
-                      alpha=c_dot + 2 * c_euc)  # fmt: skip
-    return s.view(metric.shape) - (0.5 * c_met) * metric
+    qk = q @ k.transpose(-1, -2)  # one batched product (baddbmm loops over the batch on CPU)
+    s = torch.add(row.unsqueeze(-1) + col.unsqueeze(-2), qk, alpha=c_dot + 2 * c_euc)
+    return s - (0.5 * c_met) * metric
 
 
 class _PairwiseMetricTerms(torch.autograd.Function):
