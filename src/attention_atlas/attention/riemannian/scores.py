@@ -275,7 +275,6 @@ def geodesic_scores_decomposed(
     """
     check_metric_inputs(q, k, U, tau)
     check_curvature(curvature, q)
-    seq = q.shape[-2]
     c_dot, c_euc, c_met = blend_coefficients(q.shape[-1], tau, alpha, baseline)
     uq = factor_t_apply(U, q)  # U_i^T q_i                                     (..., L, r)
     uk = factor_t_apply(U, k)  # U_j^T k_j                                     (..., L, r)
