@@ -29,13 +29,6 @@ def test_metric_aware_projection_matches_dense_formula():
     assert rel(out, dense) < TOL
 
 
-def test_metric_aware_projection_of_a_pair_is_the_projection_of_each():
-    q, k, _, U = inputs(seed=18)
-    pq, pk = R.metric_aware_projection_pair(q, k, U, 0.3)
-    assert rel(pq, R.metric_aware_projection(q, U, 0.3)) < TOL
-    assert rel(pk, R.metric_aware_projection(k, U, 0.3)) < TOL
-
-
 def test_torsion_is_antisymmetric_and_applied_without_dense_matrices():
     q, _, _, U = inputs(seed=18)
     left, right = U, U.flip(-3)

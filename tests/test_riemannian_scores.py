@@ -142,20 +142,20 @@ def test_errors_name_expected_and_received_shapes():
         R.blend_weights(math.nan)
 
 
-def test_pairwise_metric_terms_are_the_distances_of_every_projection_to_its_centre():
+def test_pairwise_metric_terms_are_both_metric_terms_of_every_pair():
     q, k, _, U = inputs(seed=32, L=7, d=5, r=3)
-    x = torch.stack([k, q], dim=-3)  # (..., 2, L, d)
-    c = torch.randn(*U.shape[:-2], 3, 2, generator=torch.Generator().manual_seed(1), dtype=DT)
-    proj = torch.einsum("...tdr,...bsd->...trbs", U, x)  # U_t^T x_bs
-    ref = (c.unsqueeze(-1) - proj).pow(2).sum(-3)  # |c_tb - U_t^T x_bs|^2
-    assert rel(R.pairwise_metric_terms(U, x, c), ref) < TOL
+    diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # q_i - k_j                  (..., Li, Lj, d)
+    ref = (torch.einsum("...idr,...ijd->...ijr", U, diff).pow(2).sum(-1)
+           + torch.einsum("...jdr,...ijd->...ijr", U, diff).pow(2).sum(-1))  # fmt: skip
+    assert rel(R.pairwise_metric_terms(U, q, k), ref) < TOL
+    assert rel(R.pairwise_metric_terms(U, q, k, scale=-0.7), -0.7 * ref) < TOL
 
 
 def test_pairwise_metric_terms_custom_backward_passes_gradcheck():
-    *_, U = inputs(shape=(2,), L=4, d=3, r=2, seed=33, grad=True)
-    x = torch.randn(2, 2, 5, 3, dtype=DT, requires_grad=True)
-    c = torch.randn(2, 4, 2, 2, dtype=DT, requires_grad=True)
-    assert torch.autograd.gradcheck(R.pairwise_metric_terms, (U, x, c))
+    q, k, _, U = inputs(shape=(2,), L=4, d=3, r=2, seed=33, grad=True)
+    assert torch.autograd.gradcheck(
+        lambda U, q, k: R.pairwise_metric_terms(U, q, k, scale=-0.3), (U, q, k)
+    )
 
 
 def test_eq16_scores_on_an_r_major_factor_equal_the_definition():
@@ -168,9 +168,22 @@ def test_eq16_scores_on_an_r_major_factor_equal_the_definition():
 
 
 def test_pairwise_metric_terms_reject_mismatched_shapes():
-    _, k, _, U = inputs(L=4, d=3, r=2)
-    x = torch.stack([k, k], -3)
-    with pytest.raises(ValueError, match=r"x must have shape \(2, 3\) \+ \(nb, M, 3\)"):
-        R.pairwise_metric_terms(U, x[..., :2], torch.zeros(2, 3, 4, 2, 2, dtype=DT))
-    with pytest.raises(ValueError, match=r"centres must have shape \(2, 3, 4, 2, 2\)"):
-        R.pairwise_metric_terms(U, x, torch.zeros(2, 3, 4, 2, dtype=DT))
+    q, k, _, U = inputs(L=4, d=3, r=2)
+    with pytest.raises(ValueError, match="U must have shape"):
+        R.pairwise_metric_terms(U[..., :3, :, :], q, k)
+
+
+def test_pairwise_metric_terms_in_batch_slices_are_the_same_terms_and_gradients(monkeypatch):
+    from attention_atlas.attention.riemannian import scores
+
+    q, k, _, U = inputs(shape=(5,), L=4, d=3, r=2, seed=35, grad=True)
+    whole = R.pairwise_metric_terms(U, q, k, scale=0.6)
+    w = torch.randn_like(whole)
+    g_whole = torch.autograd.grad((whole * w).sum(), (U, q, k))
+    monkeypatch.setattr(scores, "PAIRWISE_CHUNK", 4 * 2 * 2 * 4)  # one item per slice
+    assert len(scores._chunks(5, 4 * 2 * 2 * 4)) == 5
+    sliced = R.pairwise_metric_terms(U, q, k, scale=0.6)
+    assert rel(sliced, whole) < TOL
+    for a, b in zip(torch.autograd.grad((sliced * w).sum(), (U, q, k)), g_whole):
+        assert rel(a, b) < TOL
+    assert torch.autograd.gradcheck(lambda U, q, k: R.pairwise_metric_terms(U, q, k), (U, q, k))

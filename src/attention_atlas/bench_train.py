@@ -407,14 +407,17 @@ def step_flops(result: dict[str, Any]) -> float:
 
 
 def phase_table(record: dict[str, Any], variant: str) -> list[dict[str, Any]]:
-    """Rows ``{phase, ms, ratio_to_dot_step, share, forward_mflops, backward_mflops}`` of one
-    variant's step, largest first; ``ms`` is the phase's share of the median step time."""
+    """Rows ``{phase, ms, of dot step, share, forward MFLOP, backward MFLOP, GFLOP/s}`` of one
+    variant's step, largest first; ``ms`` is the phase's share of the median step time, and
+    ``GFLOP/s`` the rate its counted FLOPs ran at."""
     res = record["results"][variant]
     step_s, dot_s = res["step"]["median_s"], record["results"]["dot"]["step"]["median_s"]
     rows = [
         {"phase": name, "ms": 1e3 * p["share"] * step_s, "of dot step": p["share"] * step_s / dot_s,
          "share": p["share"], "forward MFLOP": p["forward_flops"] / 1e6,
-         "backward MFLOP": p["backward_flops"] / 1e6}
+         "backward MFLOP": p["backward_flops"] / 1e6,
+         "GFLOP/s": (p["forward_flops"] + p["backward_flops"]) / (p["share"] * step_s) / 1e9
+         if p["share"] > 0 else math.nan}
         for name, p in res["phases"].items()
     ]  # fmt: skip
     return sorted(rows, key=lambda r: -r["ms"])

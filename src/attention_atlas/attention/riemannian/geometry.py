@@ -29,7 +29,6 @@ __all__ = [
     "factor_t_apply",
     "isometry_defect",
     "metric_aware_projection",
-    "metric_aware_projection_pair",
     "metric_preconditioned_update",
     "metric_strength",
     "torsion_apply",
@@ -68,17 +67,6 @@ def metric_aware_projection(q: Tensor, U: Tensor, gamma: Tensor | float) -> Tens
     ``1 / sqrt(d)``, like the paper's other scalings.) ``gamma`` is the gate, already squashed.
     """
     return q + gamma / math.sqrt(q.shape[-1]) * factor_apply(U, factor_t_apply(U, q))
-
-
-def metric_aware_projection_pair(
-    q: Tensor, k: Tensor, U: Tensor, gamma: Tensor | float
-) -> tuple[Tensor, Tensor]:
-    """:func:`metric_aware_projection` of ``q`` and of ``k`` with the same ``U``, in one pass
-    over ``U`` (the two vectors as the columns of one ``(..., d, 2)`` matrix)."""
-    x = torch.stack([q, k], dim=-1)  # (..., d, 2)
-    c = (U.unsqueeze(-1) * x.unsqueeze(-2)).sum(-3)  # U^T [q, k]   (..., r, 2)
-    moved = x + gamma / math.sqrt(q.shape[-1]) * (U.unsqueeze(-1) * c.unsqueeze(-3)).sum(-2)
-    return moved[..., 0], moved[..., 1]
 
 
 def torsion_apply(left: Tensor, right: Tensor, x: Tensor) -> Tensor:

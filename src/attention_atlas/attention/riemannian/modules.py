@@ -31,7 +31,6 @@ from .geometry import (
     cayley_transport_apply,
     curvature_proxy,
     metric_aware_projection,
-    metric_aware_projection_pair,
     torsion_apply,
     transport_apply,
 )
@@ -188,10 +187,6 @@ class MetricAwareProjection(nn.Module):
     def forward(self, q: Tensor, U: Tensor) -> Tensor:
         return metric_aware_projection(q, U, torch.sigmoid(self.gamma_param))
 
-    def pair(self, q: Tensor, k: Tensor, U: Tensor) -> tuple[Tensor, Tensor]:
-        """The projection of ``q`` and of ``k`` in one pass over ``U``."""
-        return metric_aware_projection_pair(q, k, U, torch.sigmoid(self.gamma_param))
-
 
 class RiemannianAttention(Attention):
     """Multi-head geodesic attention with per-token low-rank metrics from the hidden state, and
@@ -309,7 +304,7 @@ class RiemannianAttention(Attention):
             U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
         if self.projection is not None:  # Phase A++
             with phase("metric_projection"):
-                q, k = self.projection.pair(q, k, U)
+                q, k = self.projection(q, U), self.projection(k, U)
         omega = None
         if self.curvature is not None:  # Phase B
             with phase("curvature"):

@@ -276,78 +276,96 @@ def geodesic_scores_decomposed(
     check_metric_inputs(q, k, U, tau)
     check_curvature(curvature, q)
     c_dot, c_euc, c_met = blend_coefficients(q.shape[-1], tau, alpha, baseline)
-    uq = factor_t_apply(U, q)  # U_i^T q_i                                     (..., L, r)
-    uk = factor_t_apply(U, k)  # U_j^T k_j                                     (..., L, r)
-    terms = pairwise_metric_terms(U, torch.stack([k, q], -3), torch.stack([uq, uk], -1))
-    # terms[..., i, 0, j] = |U_i^T q_i - U_i^T k_j|^2, terms[..., j, 1, i] = |U_j^T q_i - U_j^T k_j|^2
-    metric = terms[..., 0, :] + terms[..., 1, :].transpose(-1, -2)  # (..., Li, Lj)
+    metric = pairwise_metric_terms(U, q, k, scale=-0.5 * c_met)  # (..., Li, Lj)
     row = -c_euc * (q * q).sum(-1)  # the |q_i|^2 and |k_j|^2 of |q_i - k_j|^2 (and Omega)
     col = -c_euc * (k * k).sum(-1)
     if curvature is not None:  # eq. (23): Omega_i + Omega_j added to the distance
         row, col = row - c_met * curvature, col - c_met * curvature
     qk = q @ k.transpose(-1, -2)  # one batched product (baddbmm loops over the batch on CPU)
-    s = torch.add(row.unsqueeze(-1) + col.unsqueeze(-2), qk, alpha=c_dot + 2 * c_euc)
-    return s - (0.5 * c_met) * metric
+    s = torch.add(metric, qk, alpha=c_dot + 2 * c_euc)
+    return s + (row.unsqueeze(-1) + col.unsqueeze(-2))
+
+
+#: the pairwise products ``G`` of eq. (16) are formed this many numbers at a time (a slice of
+#: the batch), and recomputed in the backward, once they would hold more than four times this
+#: (past the caches, memory traffic costs more than the products' recomputation)
+PAIRWISE_CHUNK = 1 << 20
+
+
+def _centred_products(ut: Tensor, x: Tensor, c: Tensor) -> Tensor:
+    """``G - c``: ``(N, L, r, nb, M)`` from ``ut (N, L, r, d)``, ``x (N, nb, M, d)``, ``c (N, L,
+    r, nb)``; one product ``(L r, d) x (d, nb M)`` per batch item."""
+    n, seq, r, d = ut.shape
+    nb, m = x.shape[1], x.shape[2]
+    g = torch.bmm(ut.reshape(n, seq * r, d), x.reshape(n, nb * m, d).transpose(1, 2))
+    return g.view(n, seq, r, nb, m).sub_(c.unsqueeze(-1))
+
+
+def _chunks(n: int, per_item: int) -> list[slice]:
+    """Slices of the batch: all of it while small, else about :data:`PAIRWISE_CHUNK` numbers each."""
+    if n * per_item <= 4 * PAIRWISE_CHUNK:
+        return [slice(0, n)]
+    step = max(1, PAIRWISE_CHUNK // per_item)
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 class _PairwiseMetricTerms(torch.autograd.Function):
-    """``D[n, t, b, s] = |c[n, t, :, b] - G[n, t, :, b, s]|^2`` with ``G = U_t^T x_{b, s}``:
-    ``ut (N, L, r, d)``, ``x (N, nb, M, d)``, ``c (N, L, r, nb)`` -> ``(N, L, nb, M)``; the
-    backward (``dG = 2 (G - c) dD``, then two products) is written out."""
+    """``scale (D[n, i, 0, j] + D[n, j, 1, i])`` with ``D[n, t, b, s] = |c[n, t, :, b] - G[n, t,
+    :, b, s]|^2``, ``G = U_t^T x_{b, s}``: ``ut (N, L, r, d)``, ``x (N, 2, L, d)``, ``c (N, L, r,
+    2)`` -> ``(N, L, L)``. The backward (``dG = 2 (G - c) dD``, then two products) is written
+    out. Large batches go in slices (:func:`_chunks`), their ``G`` recomputed in the backward
+    rather than stored, so the ``(L, r, 2L)`` products stay in cache."""
 
     @staticmethod
-    def forward(ctx, ut: Tensor, x: Tensor, c: Tensor) -> Tensor:  # type: ignore[override]
-        n, seq, r, d = ut.shape
-        nb, m = x.shape[1], x.shape[2]
-        g = torch.bmm(ut.reshape(n, seq * r, d), x.reshape(n, nb * m, d).transpose(1, 2))
-        g = g.view(n, seq, r, nb, m).sub_(c.unsqueeze(-1))  # G - c, in place
-        ctx.save_for_backward(ut, x, g)
-        return g.square().sum(2)
+    def forward(ctx, ut: Tensor, x: Tensor, c: Tensor, scale: float) -> Tensor:  # type: ignore[override]
+        n, seq, r, _ = ut.shape
+        parts = _chunks(n, seq * r * 2 * seq)
+        out = ut.new_empty(n, seq, seq)
+        kept = []
+        for sl in parts:
+            g = _centred_products(ut[sl], x[sl], c[sl])
+            d = (g.square() if len(parts) == 1 else g.square_()).sum(2)  # (n, L, 2, L)
+            torch.add(d[:, :, 0], d[:, :, 1].transpose(1, 2), out=out[sl]).mul_(scale)
+            if len(parts) == 1:
+                kept.append(g)
+        ctx.scale = scale
+        ctx.save_for_backward(ut, x, c, *kept)
+        return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
-        ut, x, g = ctx.saved_tensors
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:  # type: ignore[override]
+        ut, x, c, *stored = ctx.saved_tensors
         n, seq, r, d = ut.shape
-        nb, m = x.shape[1], x.shape[2]
-        dg = g * (2.0 * grad).unsqueeze(2)  # (N, L, r, nb, M)
-        flat = dg.view(n, seq * r, nb * m)
-        d_ut = (
-            torch.bmm(flat, x.reshape(n, nb * m, d)).view(ut.shape)
-            if ctx.needs_input_grad[0]
-            else None
-        )
-        d_x = (
-            torch.bmm(flat.transpose(1, 2), ut.reshape(n, seq * r, d)).view(x.shape)
-            if ctx.needs_input_grad[1]
-            else None
-        )
-        d_c = -dg.sum(-1) if ctx.needs_input_grad[2] else None
-        return d_ut, d_x, d_c
+        d_ut, d_x, d_c = torch.empty_like(ut), torch.empty_like(x), torch.empty_like(c)
+        for sl in [slice(0, n)] if stored else _chunks(n, seq * r * 2 * seq):
+            g = stored[0] if stored else _centred_products(ut[sl], x[sl], c[sl])
+            gs = (2.0 * ctx.scale) * grad[sl]
+            dd = torch.stack([gs, gs.transpose(1, 2)], 2).unsqueeze(2)  # (n, L, 1, 2, L)
+            dg = g * dd if stored else g.mul_(dd)  # dG = 2 scale (G - c) dD
+            k = dg.shape[0]
+            flat = dg.view(k, seq * r, 2 * seq)
+            d_ut[sl] = torch.bmm(flat, x[sl].reshape(k, 2 * seq, d)).view(k, seq, r, d)
+            d_x[sl] = torch.bmm(flat.transpose(1, 2), ut[sl].reshape(k, seq * r, d)).view(
+                k, 2, seq, d
+            )
+            d_c[sl] = -dg.sum(-1)
+        return d_ut, d_x, d_c, None
 
 
-def pairwise_metric_terms(U: Tensor, x: Tensor, centres: Tensor) -> Tensor:
-    """``D_tbs = |c_tb - U_t^T x_bs|^2``: the pairwise terms of eq. (16).
+def pairwise_metric_terms(U: Tensor, q: Tensor, k: Tensor, *, scale: float = 1.0) -> Tensor:
+    """``scale (|U_i^T (q_i - k_j)|^2 + |U_j^T (q_i - k_j)|^2)``: the metric terms of eq. (16).
 
-    ``U (..., L, d, r)``, ``x (..., nb, M, d)`` (``nb`` blocks of vectors), ``centres (..., L,
-    r, nb)`` (one per metric token and block) -> ``(..., L, nb, M)``. One product
-    ``(L r, d) x (d, nb M)``, ``O(d r)`` per pair, with a written-out backward; eq. (16) uses
-    ``x = [k; q]`` with centres ``[U_t^T q_t, U_t^T k_t]``.
+    ``U (..., L, d, r)``, ``q, k (..., L, d)`` -> ``(..., L, L)``. ``U_i^T q_i`` and ``U_j^T k_j``
+    are per token; ``U_t^T k_s`` and ``U_t^T q_s`` for every pair come from one product ``(L r,
+    d) x (d, 2L)`` per batch item (``O(d r)`` per pair), with a written-out backward.
     """
+    check_metric_inputs(q, k, U, 1.0)
     *batch, seq, d, r = U.shape
-    if x.shape[:-3] != tuple(batch) or x.shape[-1] != d:
-        raise ValueError(
-            f"x must have shape {tuple(batch)} + (nb, M, {d}) to match U {tuple(U.shape)}, "
-            f"got {tuple(x.shape)}"
-        )
-    nb, m = x.shape[-3], x.shape[-2]
-    if centres.shape != (*batch, seq, r, nb):
-        raise ValueError(
-            f"centres must have shape {(*batch, seq, r, nb)} (one per metric token and block), "
-            f"got {tuple(centres.shape)}"
-        )
+    uq, uk = factor_t_apply(U, q), factor_t_apply(U, k)  # the centres U_i^T q_i, U_j^T k_j
     ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
-    out = _PairwiseMetricTerms.apply(ut, x.reshape(-1, nb, m, d), centres.reshape(-1, seq, r, nb))
-    return out.view(*batch, seq, nb, m)
+    x = torch.stack([k, q], -3).reshape(-1, 2, seq, d)
+    c = torch.stack([uq, uk], -1).reshape(-1, seq, r, 2)
+    return _PairwiseMetricTerms.apply(ut, x, c, float(scale)).view(*batch, seq, seq)
 
 
 # ----------------------------------------------------------------------------------------
