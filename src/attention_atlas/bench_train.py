@@ -18,8 +18,8 @@ optimiser step (forward, loss, regularisers, backward, clipping, AdamW: the priv
    range of the forward operator it differentiates (autograd's sequence numbers link them).
    The profiler's own cost (measured per recorded operator on tiny additions) is taken off
    each phase in proportion to its operators, so phases of many small operators are not
-   inflated; each phase's time is its median over the profiled
-   steps (an interrupted step does not count); shares are of what remains, and a phase's
+   inflated; each phase's time is its least over the profiled
+   steps (interruptions of a shared machine only add time); shares are of what remains, and a phase's
    milliseconds are its share of the unprofiled median step (approximate: the step's ratio to
    dot is the measured number, the split of it an estimate);
 3. **FLOPs** per phase, forward and backward, from the same attribution with the matrix-product
@@ -39,7 +39,6 @@ import contextlib
 import functools
 import inspect
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -276,8 +275,9 @@ def profile_phases(step: Callable[[], Any], model: nn.Module, steps: int = 3) ->
 
     Each of ``steps`` steps is profiled on its own (without shapes) and corrected for the
     profiler's cost (:func:`_profiler_cost_per_event` per recorded operator); a phase's time is
-    its median over the steps, so a step that the machine interrupted (one operator descheduled
-    for milliseconds) does not count. FLOPs come from one more step profiled with shapes."""
+    the least over the steps: the profiler's clock is wall time, and the machine's interruptions
+    (an operator descheduled for milliseconds) only ever add to it. FLOPs come from one more
+    step profiled with shapes."""
     from torch.profiler import ProfilerActivity, profile
 
     from .bench import _quiet_stderr_fd
@@ -298,7 +298,7 @@ def profile_phases(step: Callable[[], Any], model: nn.Module, steps: int = 3) ->
         counted = _attribute(list(pf.events()), with_flops=True)
     names = sorted(set(counted).union(*per_step))
     med = {
-        n: {part: statistics.median(s.get(n, {}).get(part, 0.0) for s in per_step)
+        n: {part: min(s.get(n, {}).get(part, 0.0) for s in per_step)
             for part in ("forward_s", "backward_s")}
         for n in names
     }  # fmt: skip
@@ -344,7 +344,7 @@ def bench_train(
     *,
     reps: int = 10,
     warmup: int = 3,
-    profile_steps: int = 3,
+    profile_steps: int = 5,
     min_sample_s: float = 0.05,
     seed: int = 0,
     data: TextCorpus | None = None,
