@@ -42,7 +42,9 @@ def test_slopes_are_the_exponents_of_the_power_laws():
     assert s.loc["ssm", "memory slope"] == pytest.approx(1.0)
     assert s.loc["euclidean", "longest L"] == 1024
     text = perf.kernel_summary(perf.kernel_frame(_kernels()), s)
-    assert "Within twice SDPA's forward+backward time at every length they ran: euclidean, ssm" in text
+    assert (
+        "Within twice SDPA's forward+backward time at every length they ran: euclidean, ssm" in text
+    )
     assert "Growing slower than $L^{1.5}$: ssm" in text
 
 
@@ -67,7 +69,10 @@ def test_goals_say_which_steps_are_within_budget_and_why_not():
     assert g["FLOP floor above goal"].tolist() == [False, True, False, False]
     text = perf.goal_sentence(g, "book")
     assert "met by euclidean (1.20x" in text
-    assert "already above the goal (its floor at dot's FLOP rate): riemannian (2.50x, FLOPs 1.90x" in text
+    assert (
+        "already above the goal (its floor at dot's FLOP rate): riemannian (2.50x, FLOPs 1.90x"
+        in text
+    )
     assert "within the goal (many small operators" in text and "fiber_bundle (3.50x" in text
     assert math.isnan(perf.train_frame(rec).loc["dot", "goal"])
 

@@ -107,11 +107,12 @@ def load_bench_kinds(
     return {k: r for k, r in found.items() if r is not None}
 
 
-def provenance_text(record: dict[str, Any]) -> str:
+def provenance_text(record: dict[str, Any], source: str = "stored") -> str:
     """The one line to print beside a figure made from ``record``: command, commit, date,
-    device (as for an experiment's stored results)."""
+    device (as for an experiment's stored results); ``source="computed"`` for a record made
+    by the page that shows it."""
     prov = Provenance.from_records(
         [{"provenance": record.get("provenance", {}), "cell_seconds": record.get("seconds", 0.0)}],
-        source="stored", experiment="bench", preset=str(record.get("name")), folder="results/bench",
+        source=source, experiment="bench", preset=str(record.get("name")), folder="results/bench",
     )  # fmt: skip
     return prov.text.replace("; 1 cells", "; 1 record")

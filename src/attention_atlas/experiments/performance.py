@@ -16,6 +16,7 @@ them (:func:`goals`), and runs the chapter's small live measurements (:func:`liv
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pandas as pd
@@ -24,8 +25,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from ..bench import bench_attention
-from ..bench_records import KINDS, load_bench_kinds, provenance_text
-from ..bench_scaling import floor_ratio, matmul_rate, slopes
+from ..bench_records import KINDS, load_bench_kinds, provenance_text, stamp
+from ..bench_scaling import floor_ratio, kernel_scaling, matmul_rate, slopes
 from ..bench_train import bench_train, phase_table, step_flops
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "provenance_text",
     "slope_frame",
     "stored_kinds",
+    "stored_or_live_kernels",
+    "stored_or_live_train",
     "train_figure",
     "train_frame",
 ]
@@ -213,6 +216,31 @@ def live_kernel_figure(variant: str, length: int, dtype: str) -> go.Figure:
         title=f"{variant} at L = {length}, {dtype}: {ratio:.2f}x SDPA forward+backward (live)"
     )
     return fig
+
+
+def stored_or_live_kernels(
+    records: dict[str, dict[str, Any]], variants: list[str], lengths: list[int], reps: int
+) -> tuple[dict[str, Any], str]:
+    """The stored CPU kernel record, or (none stored) a small one measured now at ``lengths``;
+    and its source, ``"stored"`` or ``"computed"``."""
+    stored = records.get(KERNEL_RECORD, {}).get("cpu")
+    if stored is not None:
+        return stored, "stored"
+    rec = kernel_scaling(variants, lengths, reps=reps, memory=False)
+    return stamp(rec, started=time.time() - rec["seconds"], command="chapter 8 (live)"), "computed"
+
+
+def stored_or_live_train(
+    records: dict[str, dict[str, Any]], shape: str, variants: list[str], live_shape: dict[str, int],
+    reps: int,
+) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+    """The stored CPU training-step record of ``shape``; for the book shape with none stored, a
+    small one measured now at ``live_shape`` (source ``"computed"``); else None."""
+    stored = records.get(f"train-{shape}", {}).get("cpu")
+    if stored is not None or shape != "book":
+        return stored, "stored"
+    rec = live_train(variants, live_shape, reps=reps)
+    return stamp(rec, started=time.time() - rec["seconds"], command="chapter 8 (live)"), "computed"
 
 
 def live_train(variants: list[str], shape: dict[str, int], *, reps: int = 3) -> dict[str, Any]:
