@@ -187,7 +187,7 @@ def test_auto_method_materialises_eq16_when_small_and_takes_the_fast_path_beyond
             modules, name, lambda *a, _f=inner, _n=name, **kw: calls.append(_n) or _f(*a, **kw)
         )
     small = attn.attend(q, k, v, x=x, causal=True, mask=None, need_weights=False).out
-    monkeypatch.setattr(modules, "MATERIALISED_ELEMENTS", 2 * 2 * 6 * 2 * 12 - 1)  # one too few
+    monkeypatch.setattr(modules.scores_module, "PAIRWISE_CHUNK", 6 * 2 * 12 - 1)  # one too few
     large = attn.attend(q, k, v, x=x, causal=True, mask=None, need_weights=False).out
     assert calls == ["geodesic_scores_decomposed", "geodesic_attention"]
     assert rel(small, ref) < TOL and rel(large, ref) < TOL

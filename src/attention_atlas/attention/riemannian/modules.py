@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ...profiling import phase
 from ..base import Attention, AttentionResult, combine_masks
 from ..dot import attention_from_logits, masked_softmax
+from . import scores as scores_module
 from .diagnostics import metric_statistics
 from .fast import Method, geodesic_attention
 from .geometry import (
@@ -47,8 +48,9 @@ __all__ = [
 ]
 
 METHODS = ("auto", "augmented", "sdpa", "lowrank", "reference", "decomposed")
-#: ``method="auto"`` materialises eq. (16) while its pairwise products hold at most this many
-#: numbers (``B H L r 2L``; 128 MiB in float32), and takes a fast path beyond
+#: ``method="auto"`` materialises eq. (16) while its scores hold at most this many numbers
+#: (``B H L L``; 128 MiB in float32) and one sequence's pairwise products fit a cache-sized
+#: slice (``L r 2L <= scores.PAIRWISE_CHUNK``), and takes a fast path beyond
 MATERIALISED_ELEMENTS = 1 << 25
 
 
@@ -212,9 +214,9 @@ class RiemannianAttention(Attention):
         method: ``"decomposed"`` (materialised scores by eq. (16),
             :func:`~attention_atlas.attention.riemannian.scores.geodesic_scores_decomposed`:
             cheapest at short lengths), or a method of :func:`geodesic_attention` (fast paths).
-            ``"auto"`` is ``"decomposed"`` while its ``(B, H, L, r, 2L)`` products hold at
-            most :data:`MATERIALISED_ELEMENTS` numbers (fewer FLOPs per pair than any fast
-            path: ``4 d r + 2 (2 d + 1)`` against the augmented ``2 (d^2 + 3 d + 1)``), else
+            ``"auto"`` is ``"decomposed"`` while its scores and one sequence's ``(L r, 2L)``
+            products stay small (:data:`MATERIALISED_ELEMENTS`; fewer FLOPs per pair than
+            any fast path: ``(2 r + 1) d`` against the augmented ``d^2 + 3 d + 1``), else
             :func:`geodesic_attention`'s own choice.
             With ``need_weights=True`` the scores are materialised (by eq. (16) for
             ``"decomposed"``, else by the reference eq. (15)).
@@ -336,8 +338,9 @@ class RiemannianAttention(Attention):
         ``method="decomposed"`` or ``need_weights``, else by :func:`geodesic_attention`."""
         alpha, baseline = self.alpha, cast(Baseline, self.baseline)
         method = self.method
-        pairwise = 2 * (U.numel() // U.shape[-2]) * k.shape[-2]  # B H L r 2L
-        if method == "auto" and pairwise <= MATERIALISED_ELEMENTS:
+        seq, r = k.shape[-2], U.shape[-1]
+        fits = q.numel() // q.shape[-1] * seq <= MATERIALISED_ELEMENTS  # B H L L scores
+        if method == "auto" and fits and seq * r * 2 * seq <= scores_module.PAIRWISE_CHUNK:
             method = "decomposed"  # (B, H, L, r, 2L) products of eq. (16)
         if method == "decomposed" or need_weights:
             scores = geodesic_scores_decomposed if method == "decomposed" else geodesic_scores
