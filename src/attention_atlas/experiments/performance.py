@@ -32,6 +32,8 @@ from ..bench_train import bench_train, phase_table, step_flops
 __all__ = [
     "GOALS",
     "KERNEL_RECORD",
+    "LIVE_SIZES",
+    "kernel_sizes_sentence",
     "goal_sentence",
     "goals",
     "kernel_figure",
@@ -178,19 +180,34 @@ def phase_figure(record: dict[str, Any], variants: list[str]) -> go.Figure:
     return fig
 
 
+#: the sizes of the chapter's live kernel measurement (one causal sequence)
+LIVE_SIZES = {"batch": 1, "heads": 2, "head_dim": 16}
+
+
+def kernel_sizes_sentence(record: dict[str, Any]) -> str:
+    """The sizes and lengths of a kernel record, in words."""
+    z, lengths = record["sizes"], sorted({int(n) for by in record["results"].values() for n in by})
+    return (
+        f"Batch {z['batch']}, {z['heads']} heads of dimension {z['head_dim']}, "
+        f"{'causal' if z['causal'] else 'bidirectional'}, {record['dtype']}, lengths "
+        f"{lengths[0]:,} to {lengths[-1]:,}; {record['reps']} interleaved rounds per length."
+    )
+
+
 def live_kernel(
     variant: str, length: int, dtype: str = "float32", *, reps: int = 3
 ) -> dict[str, Any]:
-    """A small live measurement: ``variant`` against SDPA at ``length`` (B = 1, H = 2, d = 16,
+    """A small live measurement: ``variant`` against SDPA at ``length`` (:data:`LIVE_SIZES`,
     causal), forward and forward+backward, with the FLOP floor of this machine."""
     dt = getattr(torch, dtype)
-    rec = bench_attention([variant], "dot", batch=1, heads=2, length=length, head_dim=16,
+    b, h, d = LIVE_SIZES["batch"], LIVE_SIZES["heads"], LIVE_SIZES["head_dim"]
+    rec = bench_attention([variant], "dot", batch=b, heads=h, length=length, head_dim=d,
                           dtype=dt, device="cpu", reps=reps, warmup=1, memory=False,
                           min_sample_s=0.01)  # fmt: skip
     rate = matmul_rate(dt, "cpu", n=256, reps=3)
     from ..bench_scaling import _count
 
-    flops = _count(["dot", variant], 1, 2, length, 16, True, dt, torch.device("cpu"))
+    flops = _count(["dot", variant], b, h, length, d, True, dt, torch.device("cpu"))
     out: dict[str, Any] = {"variant": variant, "L": length, "dtype": dtype, "rate": rate}
     for name in dict.fromkeys(["dot", variant]):
         r = rec["results"][name]
