@@ -28,7 +28,8 @@
 # * **Floors, not only ratios.** A ratio to SDPA moves when either side gets faster. The *floor
 #   ratio* does not: the measured time divided by the time this machine's matrix products would
 #   take for the variant's counted FLOPs (`bench.count_flops`, $2mnk$ per product, the
-#   convention of `torch.utils.flop_counter`), the compute roof of a roofline model
+#   convention of `torch.utils.flop_counter`, which counts SDPA's full square of scores even
+#   when causal kernels skip half of it), the compute roof of a roofline model
 #   {cite}`williams2009roofline`. A floor ratio of 1 is a kernel that does nothing but matrix
 #   products at the machine's peak rate.
 # * **Stored records with their provenance.** The long measurements are command-line runs
