@@ -234,7 +234,9 @@ for shape, rec in train.items():
 # kind of module (embedding, layer norms, the q/k/v and output projections, the MLP, the output
 # head; what is left inside an attention module is the variant's own core). Backward work is
 # charged to the phase whose forward operator it differentiates. The bars are in units of the
-# dot-product step, so they add up to the variant's ratio.
+# dot-product step, so they add up to the variant's ratio. The split is an estimate (the least
+# time of each phase over a few profiled steps on a shared machine, less the profiler's own
+# cost); the step's ratio to dot above is the measured number.
 
 # %%
 book = train["book"]

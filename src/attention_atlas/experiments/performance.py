@@ -201,9 +201,10 @@ def live_kernel(
     causal), forward and forward+backward, with the FLOP floor of this machine."""
     dt = getattr(torch, dtype)
     b, h, d = LIVE_SIZES["batch"], LIVE_SIZES["heads"], LIVE_SIZES["head_dim"]
+    clock = "cpu" if torch.get_num_threads() == 1 else "wall"
     rec = bench_attention([variant], "dot", batch=b, heads=h, length=length, head_dim=d,
                           dtype=dt, device="cpu", reps=reps, warmup=1, memory=False,
-                          min_sample_s=0.01)  # fmt: skip
+                          min_sample_s=0.02, clock=clock)  # fmt: skip
     rate = matmul_rate(dt, "cpu", n=256, reps=3)
     from ..bench_scaling import _count
 
