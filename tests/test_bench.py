@@ -32,7 +32,7 @@ def test_compare_reports_medians_quartiles_and_per_round_ratios_of_its_samples(
 
         return fn
 
-    def scripted_time(step, number, device):
+    def scripted_time(step, number, device, clock="wall"):
         step()
         name, grad = calls[-1]
         k = calls.count(calls[-1]) - 1  # 0: the warm-up call, then rounds 1, 2, 3

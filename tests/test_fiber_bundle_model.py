@@ -92,13 +92,13 @@ def test_each_phase_changes_the_function_when_switched_off() -> None:
 def _model_logits(model, x, monkeypatch) -> torch.Tensor:
     """The scores the first block's attention feeds to its softmax during a forward pass."""
     seen: list[torch.Tensor] = []
-    inner = modules.attention_from_logits
+    inner = modules.masked_softmax
 
-    def spy(logits, v, **kw):
+    def spy(logits, keep):
         seen.append(logits)
-        return inner(logits, v, **kw)
+        return inner(logits, keep)
 
-    monkeypatch.setattr(modules, "attention_from_logits", spy)
+    monkeypatch.setattr(modules, "masked_softmax", spy)
     model(x)
     monkeypatch.undo()
     return seen[0]

@@ -67,3 +67,36 @@ def test_metric_preconditioned_update_uses_the_inverse_metric():
     out = R.metric_preconditioned_update(h, U, upd)
     dense = h + torch.linalg.solve(linalg.metric_dense(U), upd.unsqueeze(-1)).squeeze(-1)
     assert rel(out, dense) < TOL
+
+
+def test_factor_products_are_the_per_token_matrix_products():
+    q, _, _, U = inputs(seed=23)
+    c = R.factor_t_apply(U, q)
+    assert rel(c, (U.mT @ q.unsqueeze(-1)).squeeze(-1)) < TOL
+    assert rel(R.factor_apply(U, c), (U @ c.unsqueeze(-1)).squeeze(-1)) < TOL
+
+
+def test_preconditioned_update_fast_path_equals_the_woodbury_reference_and_its_gradients():
+    h, upd, _, U = inputs(seed=24, scale=1.5)
+    for t in (h, upd, U):
+        t.requires_grad_(True)
+    fast = R.metric_preconditioned_update(h, U, upd)
+    ref = h + linalg.metric_inverse_apply(U, upd)
+    assert rel(fast, ref) < TOL
+    w = torch.randn_like(ref)
+    g_fast = torch.autograd.grad((fast * w).sum(), (h, upd, U))
+    g_ref = torch.autograd.grad((ref * w).sum(), (h, upd, U))
+    for a, b in zip(g_fast, g_ref):
+        assert rel(a, b) < TOL
+
+
+def test_preconditioned_update_custom_backward_passes_gradcheck():
+    h, upd, _, U = inputs(shape=(2,), L=3, d=4, r=2, seed=25, grad=True)
+    assert torch.autograd.gradcheck(R.metric_preconditioned_update, (h, U, upd))
+
+
+def test_preconditioned_update_broadcasts_one_metric_through_the_reference():
+    h, upd, _, U = inputs(seed=26)
+    one = U[:1, :1]  # (1, 1, L, d, r) against (2, 3, L, d)
+    ref = h + linalg.metric_inverse_apply(one, upd)
+    assert rel(R.metric_preconditioned_update(h, one, upd), ref) < TOL

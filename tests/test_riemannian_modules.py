@@ -32,6 +32,19 @@ def test_metric_net_last_layer_starts_at_the_stated_scale():
     assert rel(big(x), 10 * U) < 1e-5
 
 
+def test_factor_networks_read_their_last_layer_as_heads_then_d_then_r():
+    # eq. (19): U_t[h] is the (d, r) block h of the last layer's output, whatever the layout
+    torch.manual_seed(1)
+    net = R.TorsionNet(dim=12, n_heads=3, head_dim=4, rank=2).double()
+    x = torch.randn(2, 5, 12, dtype=DT)
+    y = net.fc2(torch.nn.functional.silu(net.fc1(x))).view(2, 5, 2, 3, 4, 2)  # (B, L, 2, H, d, r)
+    left, right = net(x)
+    assert torch.equal(left, y[:, :, 0].permute(0, 2, 1, 3, 4))
+    assert torch.equal(right, y[:, :, 1].permute(0, 2, 1, 3, 4))
+    # stored r-major: U^T is a contiguous (r, d) block per token
+    assert left.mT.is_contiguous()
+
+
 def test_riemannian_attention_is_registered_and_equals_euclidean_at_zero_metric():
     torch.manual_seed(0)
     attn = build_attention("riemannian", dim=24, n_heads=3, rank=2).double()
@@ -156,3 +169,25 @@ def test_perturbation_entry_scale_bounds_every_score_change_and_is_attained_in_i
     assert float(scale) == pytest.approx(ubar2 * M / tau, rel=1e-14)
     dS = geodesic_scores(q, k, U, tau) - geodesic_scores(q, k, torch.zeros_like(U), tau)
     assert float(dS.abs().max()) <= float(scale) * (1 + 1e-12)
+
+
+def test_auto_method_materialises_eq16_when_small_and_takes_the_fast_path_beyond(monkeypatch):
+    from attention_atlas.attention.riemannian import modules
+
+    torch.manual_seed(5)
+    attn = build_attention("riemannian", dim=8, n_heads=2, rank=2, metric_init_std=1.0).double()
+    x = torch.randn(2, 6, 8, dtype=DT)
+    q, k, v = attn.split_heads(x)
+    U = attn.metric_factor(x, DT)
+    ref = R.geodesic_attention_reference(q, k, v, U, attn.tau, True)[0]
+    calls: list[str] = []
+    for name in ("geodesic_scores_decomposed", "geodesic_attention"):
+        inner = getattr(modules, name)
+        monkeypatch.setattr(
+            modules, name, lambda *a, _f=inner, _n=name, **kw: calls.append(_n) or _f(*a, **kw)
+        )
+    small = attn.attend(q, k, v, x=x, causal=True, mask=None, need_weights=False).out
+    monkeypatch.setattr(modules.scores_module, "PAIRWISE_CHUNK", 6 * 2 * 12 - 1)  # one too few
+    large = attn.attend(q, k, v, x=x, causal=True, mask=None, need_weights=False).out
+    assert calls == ["geodesic_scores_decomposed", "geodesic_attention"]
+    assert rel(small, ref) < TOL and rel(large, ref) < TOL

@@ -15,6 +15,7 @@ from attention_atlas.attention.riemannian.regularizers import (
     RegularizerSchedule,
     fiber_bundle_regularizer,
     fiber_bundle_regularizers,
+    gram_sums,
     regularizer_terms,
 )
 
@@ -84,6 +85,37 @@ def test_regularizer_terms_equal_the_dense_definitions():
     for k, v in ref.items():
         assert rel(got[k], v) < TOL, k
     assert float(got["anti"]) > 0 and float(got["cap"]) > 0  # both hinges are active here
+
+
+def test_all_pairs_diversity_identity_needs_no_pairwise_matrix():
+    # sum_{i != j} |A_i - A_j|^2 = 2 L sum_t |A_t|^2 - 2 |sum_t A_t|^2: the fast path of
+    # metric_diversity_loss, on factors stored r-major (as the factor networks store them)
+    *_, U = inputs(L=9, seed=27, r=3)
+    U = U.transpose(-1, -2).contiguous().transpose(-1, -2)
+    D = dense_distances(U)
+    assert rel(R.metric_diversity_loss(U), -(D.sum((-1, -2)) / (9 * 8)).mean()) < TOL
+
+
+def test_gram_sums_equal_their_dense_definitions_and_pass_gradcheck():
+    *_, U = inputs(shape=(2,), L=5, d=4, r=2, seed=28, grad=True)
+    self_sq, cross, total = gram_sums(U)
+    A = U @ U.mT
+    assert rel(self_sq, (A * A).sum((-1, -2))) < TOL
+    assert rel(cross, ((U[..., :-1, :, :].mT @ U[..., 1:, :, :]) ** 2).sum((-1, -2))) < TOL
+    assert rel(total, (A.sum(-3) ** 2).sum((-1, -2))) < TOL
+    assert torch.autograd.gradcheck(lambda u: gram_sums(u), (U,))
+
+
+@pytest.mark.parametrize("terms", [("div",), ("smooth", "cap"), ("anti", "l2")])
+def test_regularizer_terms_computes_only_the_terms_asked_for(terms):
+    U = torch.randn(2, 3, 7, 5, 2, generator=torch.Generator().manual_seed(1), dtype=DT)
+    every = regularizer_terms(U, kappa_min=9.0, kappa_max=11.0)
+    got = regularizer_terms(U, kappa_min=9.0, kappa_max=11.0, terms=terms)
+    assert tuple(got) == terms
+    for k in terms:
+        assert rel(got[k], every[k]) < TOL
+    with pytest.raises(ValueError, match="unknown regulariser term 'diversity'"):
+        regularizer_terms(U, kappa_min=9.0, kappa_max=11.0, terms=("diversity",))
 
 
 def test_regularisers_reject_too_short_sequences():

@@ -140,3 +140,50 @@ def test_errors_name_expected_and_received_shapes():
         R.hybrid_scores(q, k, U, 1.0, 0.5, baseline="cosine")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="alpha must be a finite number"):
         R.blend_weights(math.nan)
+
+
+def test_pairwise_metric_terms_are_both_metric_terms_of_every_pair():
+    q, k, _, U = inputs(seed=32, L=7, d=5, r=3)
+    diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # q_i - k_j                  (..., Li, Lj, d)
+    ref = (torch.einsum("...idr,...ijd->...ijr", U, diff).pow(2).sum(-1)
+           + torch.einsum("...jdr,...ijd->...ijr", U, diff).pow(2).sum(-1))  # fmt: skip
+    assert rel(R.pairwise_metric_terms(U, q, k), ref) < TOL
+    assert rel(R.pairwise_metric_terms(U, q, k, scale=-0.7), -0.7 * ref) < TOL
+
+
+def test_pairwise_metric_terms_custom_backward_passes_gradcheck():
+    q, k, _, U = inputs(shape=(2,), L=4, d=3, r=2, seed=33, grad=True)
+    assert torch.autograd.gradcheck(
+        lambda U, q, k: R.pairwise_metric_terms(U, q, k, scale=-0.3), (U, q, k)
+    )
+
+
+def test_eq16_scores_on_an_r_major_factor_equal_the_definition():
+    # the layout the factor networks produce: (..., d, r) viewed from contiguous (..., r, d)
+    q, k, _, U = inputs(seed=34, L=9, d=4, r=3)
+    U_r_major = U.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not U_r_major.is_contiguous()
+    ref = R.geodesic_scores_dense(q, k, U, 0.8)
+    assert rel(R.geodesic_scores_decomposed(q, k, U_r_major, 0.8), ref) < TOL
+
+
+def test_pairwise_metric_terms_reject_mismatched_shapes():
+    q, k, _, U = inputs(L=4, d=3, r=2)
+    with pytest.raises(ValueError, match="U must have shape"):
+        R.pairwise_metric_terms(U[..., :3, :, :], q, k)
+
+
+def test_pairwise_metric_terms_in_batch_slices_are_the_same_terms_and_gradients(monkeypatch):
+    from attention_atlas.attention.riemannian import scores
+
+    q, k, _, U = inputs(shape=(5,), L=4, d=3, r=2, seed=35, grad=True)
+    whole = R.pairwise_metric_terms(U, q, k, scale=0.6)
+    w = torch.randn_like(whole)
+    g_whole = torch.autograd.grad((whole * w).sum(), (U, q, k))
+    monkeypatch.setattr(scores, "PAIRWISE_CHUNK", 4 * 2 * 2 * 4)  # one item per slice
+    assert len(scores._chunks(5, 4 * 2 * 2 * 4)) == 5
+    sliced = R.pairwise_metric_terms(U, q, k, scale=0.6)
+    assert rel(sliced, whole) < TOL
+    for a, b in zip(torch.autograd.grad((sliced * w).sum(), (U, q, k)), g_whole):
+        assert rel(a, b) < TOL
+    assert torch.autograd.gradcheck(lambda U, q, k: R.pairwise_metric_terms(U, q, k), (U, q, k))

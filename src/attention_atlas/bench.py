@@ -144,13 +144,20 @@ def peak_memory(step: Callable[[], None], device: torch.device) -> int:
     return peak
 
 
-def _time(step: Callable[[], None], number: int, device: torch.device) -> float:
+#: the clocks :func:`compare` can time with: wall time, or this thread's CPU time
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def _time(
+    step: Callable[[], None], number: int, device: torch.device, clock: str = "wall"
+) -> float:
+    now = CLOCKS[clock]
     _sync(device)
-    t0 = time.perf_counter()
+    t0 = now()
     for _ in range(number):
         step()
     _sync(device)
-    return (time.perf_counter() - t0) / number
+    return (now() - t0) / number
 
 
 def cpu_time_ratio(
@@ -207,6 +214,7 @@ def compare(
     memory: bool = True,
     meta: dict[str, Any] | None = None,
     json_path: str | os.PathLike[str] | None = None,
+    clock: str = "wall",
 ) -> dict[str, Any]:
     """Time ``fn(*args)`` for each function (forward, and forward+backward) against ``baseline``.
 
@@ -224,6 +232,9 @@ def compare(
         memory: measure peak memory of one forward+backward (forward when ``backward=False``).
         meta: extra fields for the result (shapes, dtype, ...).
         json_path: write the result there as JSON.
+        clock: ``"wall"`` (default) or ``"cpu"``: this thread's CPU time (``time.thread_time``),
+            which time-sharing with other processes does not inflate; for single-threaded CPU
+            work only (``torch.set_num_threads(1)``).
 
     Returns:
         ``{"baseline", "device", "meta", "results": {name: {"forward": {...},
@@ -237,6 +248,13 @@ def compare(
         raise ValueError(f"reps must be >= 1, got {reps}")
     tensors = [a for a in args if isinstance(a, Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    if clock == "cpu" and (device.type != "cpu" or torch.get_num_threads() != 1):
+        raise ValueError(
+            f"clock='cpu' times one CPU thread: needs CPU tensors and torch.get_num_threads() "
+            f"== 1, got device {device} and {torch.get_num_threads()} threads"
+        )
     modes = ["forward"] + (["forward_backward"] if backward else [])
     steps = {
         (n, m): _make_step(f, args, m == "forward_backward") for n, f in fns.items() for m in modes
@@ -245,7 +263,7 @@ def compare(
     number: dict[tuple[str, str], int] = {}
     for key, step in steps.items():
         for _ in range(max(1, warmup)):
-            t = _time(step, 1, device)
+            t = _time(step, 1, device, clock)
         number[key] = max(1, math.ceil(min_sample_s / max(t, 1e-9)))
     # 2. interleaved rounds
     names = list(fns)
@@ -254,7 +272,7 @@ def compare(
         order = names[r % len(names) :] + names[: r % len(names)]
         for m in modes:
             for n in order:
-                samples[(n, m)].append(_time(steps[(n, m)], number[(n, m)], device))
+                samples[(n, m)].append(_time(steps[(n, m)], number[(n, m)], device, clock))
     # 3. summaries
     results: dict[str, Any] = {}
     for n in names:
@@ -287,6 +305,7 @@ def compare(
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "reps": reps,
+        "clock": clock,
         "memory_method": (
             "cuda.max_memory_allocated"
             if device.type == "cuda"

@@ -27,11 +27,40 @@ def add_subcommand(subparsers: Any) -> None:
             "Time registered attention variants (forward and forward+backward of attend on the "
             "same q, k, v), interleaved, against a baseline; prints a table and writes JSON. "
             "Example: python -m attention_atlas bench euclidean euclidean@explicit "
-            "--baseline dot -L 1024 --json artifacts/bench/euclid.json"
+            "--baseline dot -L 1024 --json artifacts/bench/euclid.json. Chapter 8's records: "
+            "bench --train --shape book --store (training steps against dot) and bench "
+            "--lengths 256 512 ... 16384 --store (kernels against SDPA)"
         ),
     )
     p.add_argument(
-        "variants", nargs="+", help="registry names; NAME@explicit for the materialised path"
+        "variants",
+        nargs="*",
+        help="registry names; NAME@explicit for the materialised path (with --train: names of "
+        "bench_train.TRAIN_VARIANTS; with --train or --lengths the default is all of them)",
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="time one training step of each variant against a dot-product model (the "
+        "harness's step, interleaved), with a profile of its phases and their FLOPs",
+    )
+    p.add_argument("--shape", default="book", help="--train: chapter 4's shape, book or long")
+    p.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="time every variant's kernel against SDPA at each of these lengths (chapter 8)",
+    )
+    p.add_argument("--max-call-s", type=float, default=10.0, help="--lengths: skip beyond this")
+    p.add_argument(
+        "--max-memory-gib", type=float, default=2.0, help="--lengths: skip beyond this estimate"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument(
+        "--store",
+        action="store_true",
+        help="store the record in results/bench/<cpu|cuda>/ with its provenance (chapter 8)",
     )
     p.add_argument("--baseline", default="dot")
     p.add_argument("-B", "--batch", type=int, default=4)
@@ -73,6 +102,24 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         f: getattr(args, f) for f in ("batch", "heads", "length", "head_dim", "reps", "warmup")
     }
     from_mapping(BenchSizes, sizes, "bench")
+    if args.threads < 1:
+        raise ConfigError(f"--threads: expected a positive integer, got {args.threads}")
+    if args.train:
+        from .bench_train import SHAPES, TRAIN_VARIANTS
+
+        for name in args.variants:
+            if name not in TRAIN_VARIANTS:
+                raise ConfigError(
+                    f"bench --train: unknown variant {name!r}"
+                    f"{close_matches(name, list(TRAIN_VARIANTS))}; known: {', '.join(TRAIN_VARIANTS)}"
+                )
+        if args.shape not in SHAPES:
+            raise ConfigError(f"--shape: expected one of {', '.join(SHAPES)}, got {args.shape!r}")
+        return {}
+    if args.lengths is not None and any(n < 1 for n in args.lengths):
+        raise ConfigError(f"--lengths: expected positive integers, got {args.lengths}")
+    if not args.variants and args.lengths is None:
+        raise ConfigError("bench: name at least one attention variant (or use --train/--lengths)")
     known = available_attention()
     for spec in [*args.variants, args.baseline]:
         name, _, path = spec.partition("@")
@@ -118,6 +165,54 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def _cli_bench(args: argparse.Namespace) -> int:
     options = check_bench_args(args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        if args.train or args.lengths is not None:
+            return _cli_record(args)
+        return _cli_attention(args, options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cli_record(args: argparse.Namespace) -> int:
+    """``--train`` or ``--lengths``: a chapter 8 record, printed, written and stored."""
+    import time
+
+    from .bench_records import stamp, store_bench
+
+    started = time.time()
+    if args.train:
+        from .bench_train import TRAIN_VARIANTS, bench_train, format_train_table
+
+        rec = bench_train(args.variants or TRAIN_VARIANTS, args.shape, reps=args.reps,
+                          warmup=args.warmup)  # fmt: skip
+        text = format_train_table(rec)
+    else:
+        from .bench_scaling import KERNEL_VARIANTS, kernel_scaling
+
+        rec = kernel_scaling(
+            args.variants or KERNEL_VARIANTS, args.lengths, batch=args.batch, heads=args.heads,
+            head_dim=args.head_dim, causal=not args.no_causal, dtype=getattr(torch, args.dtype),
+            device=args.device or "cpu", reps=args.reps, warmup=args.warmup,
+            max_call_s=args.max_call_s, max_memory_bytes=args.max_memory_gib * 2**30,
+            memory=not args.no_memory, log=lambda m: print(m, file=sys.stderr, flush=True),
+        )  # fmt: skip
+        text = "\n".join(
+            f"{v}: " + ", ".join(f"L={n} {r['forward_backward_ratio']:.2f}x" for n, r in by.items())
+            for v, by in rec["results"].items()
+        )
+    rec = stamp(rec, started=started)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rec, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.store:
+        print(f"stored {store_bench(rec, rec['name'])}", file=sys.stderr)
+    return 0
+
+
+def _cli_attention(args: argparse.Namespace, options: dict[str, dict[str, Any]]) -> int:
     res = bench_attention(
         args.variants,
         args.baseline,

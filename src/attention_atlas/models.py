@@ -35,6 +35,7 @@ from .attention.base import Attention, AttentionResult
 from .attention.mixed import MixedHeadAttention
 from .attention.registry import build_attention
 from .attention.riemannian import RiemannianAttention, metric_preconditioned_update
+from .profiling import phase
 from .validate import Fraction, PositiveFloat, PositiveInt
 
 __all__ = [
@@ -430,9 +431,10 @@ class FiberBundleBlock(nn.Module):
             raise ValueError(
                 f"Phase E needs n_heads * head_dim = dim, got {h} * {d} != {m.shape[-1]}"
             )
-        Ut = U.permute(0, 2, 1, 3, 4)  # (B, L, H, d, r)
-        heads = (b, seq, h, d)
-        return metric_preconditioned_update(x.view(heads), Ut, m.view(heads)).view(x.shape), res
+        with phase("preconditioned_update"):
+            xh, mh = (t.view(b, seq, h, d).transpose(1, 2) for t in (x, m))  # (B, H, L, d)
+            x = metric_preconditioned_update(xh, U, mh).transpose(1, 2).reshape(x.shape)
+        return x, res
 
 
 class FiberBundleTransformer(Transformer):

@@ -23,6 +23,7 @@ from ..atomic import atomic_path, atomic_write_text
 from ..attention.registry import get_regularizer
 from ..data import ArrayTask, TextCorpus, make_sampler
 from ..models import ModelConfig, Transformer, param_counts
+from ..profiling import phase
 from ..validate import ConfigError
 from .checkpoint import (
     Progress,
@@ -295,12 +296,14 @@ def _optimiser_step(run: _Run, ddp: nn.Module, needs_w: bool, clock: _Clock) -> 
     x, y = run.sampler.next()
     x, y = x.to(run.device), y.to(run.device)
     out = ddp(x, need_weights=needs_w)
-    loss = cross_entropy(out.logits, y)
+    with phase("loss"):
+        loss = cross_entropy(out.logits, y)
     total = loss
     for spec in cfg.regularizers:
         fn = get_regularizer(spec["name"])[0]
         opts = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-        r = fn(run.model, out, (x, y), **opts)
+        with phase(f"regularizer/{spec['name']}"):
+            r = fn(run.model, out, (x, y), **opts)
         total = total + float(spec.get("weight", 1.0)) * r
         acc["reg"][spec["name"]] = acc["reg"].get(spec["name"], 0.0) + float(r.detach())
     _check_finite("loss", total, p.step + 1, run.device)

@@ -23,6 +23,8 @@ from .fast import geodesic_attention, geodesic_attention_reference
 from .geometry import (
     cayley_transport_apply,
     curvature_proxy,
+    factor_apply,
+    factor_t_apply,
     isometry_defect,
     metric_aware_projection,
     metric_preconditioned_update,
@@ -58,6 +60,7 @@ from .scores import (
     geodesic_scores_dense,
     hybrid_scores,
     pairwise_metric,
+    pairwise_metric_terms,
     token_metric,
 )
 
@@ -76,6 +79,8 @@ __all__ = [
     "cayley_transport_apply",
     "curvature_proxy",
     "curvature_smoothness_loss",
+    "factor_apply",
+    "factor_t_apply",
     "geodesic_attention",
     "geodesic_attention_reference",
     "geodesic_features",
@@ -93,6 +98,7 @@ __all__ = [
     "metric_statistics",
     "metric_strength",
     "pairwise_metric",
+    "pairwise_metric_terms",
     "token_metric",
     "torsion_apply",
     "torsion_dense",

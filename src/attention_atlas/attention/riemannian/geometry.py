@@ -20,11 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...linalg import metric_inverse_apply
+from ...linalg import capacitance, metric_inverse_apply
 
 __all__ = [
     "cayley_transport_apply",
     "curvature_proxy",
+    "factor_apply",
+    "factor_t_apply",
     "isometry_defect",
     "metric_aware_projection",
     "metric_preconditioned_update",
@@ -34,6 +36,17 @@ __all__ = [
     "transport_apply",
     "transport_dense",
 ]
+
+
+def factor_t_apply(U: Tensor, x: Tensor) -> Tensor:
+    """``U_t^T x_t`` per token: ``U (..., d, r)``, ``x (..., d)`` -> ``(..., r)``. Broadcast
+    products and a sum (many tiny matrix products are slower than one elementwise pass)."""
+    return (U * x.unsqueeze(-1)).sum(-2)
+
+
+def factor_apply(U: Tensor, c: Tensor) -> Tensor:
+    """``U_t c_t`` per token: ``U (..., d, r)``, ``c (..., r)`` -> ``(..., d)``."""
+    return (U * c.unsqueeze(-2)).sum(-1)
 
 
 def metric_strength(U: Tensor) -> Tensor:
@@ -53,15 +66,14 @@ def metric_aware_projection(q: Tensor, U: Tensor, gamma: Tensor | float) -> Tens
     (The extracted text of eq. (20) reads ``gamma . 1 d``; we take the lost radical as
     ``1 / sqrt(d)``, like the paper's other scalings.) ``gamma`` is the gate, already squashed.
     """
-    uq = U.transpose(-1, -2) @ q.unsqueeze(-1)  # (..., r, 1)
-    return q + gamma / math.sqrt(q.shape[-1]) * (U @ uq).squeeze(-1)
+    return q + gamma / math.sqrt(q.shape[-1]) * factor_apply(U, factor_t_apply(U, q))
 
 
 def torsion_apply(left: Tensor, right: Tensor, x: Tensor) -> Tensor:
     """``T x`` with ``T = L R^T - R L^T`` (eq. (22)), ``O(d r_T)``: ``left, right (..., d, r_T)``, ``x (..., d)``."""
-    lx = left.transpose(-1, -2) @ x.unsqueeze(-1)  # L^T x
-    rx = right.transpose(-1, -2) @ x.unsqueeze(-1)  # R^T x
-    return (left @ rx - right @ lx).squeeze(-1)
+    return factor_apply(left, factor_t_apply(right, x)) - factor_apply(
+        right, factor_t_apply(left, x)
+    )
 
 
 def torsion_dense(left: Tensor, right: Tensor) -> Tensor:
@@ -129,9 +141,43 @@ def isometry_defect(a: Tensor, b: Tensor) -> Tensor:
     return torch.sqrt((kg * kg.transpose(-1, -2)).sum((-1, -2)).clamp_min(0))
 
 
+class _WoodburyApply(torch.autograd.Function):
+    """``y = (I + U U^T)^{-1} x`` for ``U (N, d, r)``, ``x (N, d)``, with the backward written
+    out: ``dx = g^{-1} dy`` (``g`` is symmetric) and ``dU = -(w (U^T y)^T + y (U^T w)^T)`` with
+    ``w = g^{-1} dy``, both from the forward's Cholesky factor of ``I_r + U^T U``."""
+
+    @staticmethod
+    def forward(ctx, U: Tensor, x: Tensor) -> Tensor:  # type: ignore[override]
+        chol = torch.linalg.cholesky_ex(capacitance(U))[0]  # (N, r, r)
+        y = _woodbury_solve(U, chol, x)
+        ctx.save_for_backward(U, chol, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        U, chol, y = ctx.saved_tensors
+        w = _woodbury_solve(U, chol, dy)
+        uty, utw = factor_t_apply(U, y), factor_t_apply(U, w)  # (N, r)
+        dU = -(w.unsqueeze(-1) * uty.unsqueeze(-2) + y.unsqueeze(-1) * utw.unsqueeze(-2))
+        return dU, w
+
+
+def _woodbury_solve(U: Tensor, chol: Tensor, x: Tensor) -> Tensor:
+    """``x - U (I + U^T U)^{-1} U^T x`` given the Cholesky factor of ``I + U^T U``."""
+    coef = torch.cholesky_solve(factor_t_apply(U, x).unsqueeze(-1), chol)  # (N, r, 1)
+    return x - factor_apply(U, coef.squeeze(-1))
+
+
 def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor:
     """Phase E, eq. (26): ``h + g^{-1} update`` with ``g = I + U U^T`` by Woodbury, ``O(d r^2)``.
 
-    ``h, update (..., d)``, ``U (..., d, r)``.
+    ``h, update (..., d)``, ``U (..., d, r)`` with the same batch dimensions (one metric per
+    vector). The same maths as :func:`attention_atlas.linalg.metric_inverse_apply` (the
+    reference it is tested against), with its backward written out (:class:`_WoodburyApply`):
+    one Cholesky factorisation of ``I_r + U^T U`` per token serves both passes.
     """
-    return h + metric_inverse_apply(U, update)
+    if U.shape[:-2] != update.shape[:-1] or U.shape[-2] != update.shape[-1]:
+        return h + metric_inverse_apply(U, update)  # broadcasting: the reference path
+    d, r = U.shape[-2:]
+    flat = _WoodburyApply.apply(U.reshape(-1, d, r), update.reshape(-1, d))
+    return h + flat.view(update.shape)

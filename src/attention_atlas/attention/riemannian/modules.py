@@ -22,8 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Attention, AttentionResult
-from ..dot import attention_from_logits
+from ...profiling import phase
+from ..base import Attention, AttentionResult, combine_masks
+from ..dot import attention_from_logits, masked_softmax
+from . import scores as scores_module
 from .diagnostics import metric_statistics
 from .fast import Method, geodesic_attention
 from .geometry import (
@@ -46,6 +48,10 @@ __all__ = [
 ]
 
 METHODS = ("auto", "augmented", "sdpa", "lowrank", "reference", "decomposed")
+#: ``method="auto"`` materialises eq. (16) while its scores hold at most this many numbers
+#: (``B H L L``; 128 MiB in float32) and one sequence's pairwise products fit a cache-sized
+#: slice (``L r 2L <= scores.PAIRWISE_CHUNK``), and takes a fast path beyond
+MATERIALISED_ELEMENTS = 1 << 25
 #: what trains MetricNet: the loss's gradient, or noise with no information in it (a control)
 METRIC_GRADIENTS = ("task", "noise")
 
@@ -89,11 +95,15 @@ class _HeadFactorNet(nn.Module):
         nn.init.zeros_(self.fc2.bias)
 
     def factors(self, x: Tensor) -> Tensor:
-        """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``."""
+        """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``.
+
+        Stored ``r``-major per token (the last two dimensions are the transpose of a
+        contiguous ``(r, d)`` block): one copy here, and then ``U^T x`` products and the
+        flattened ``(L r, d)`` matrix of the pairwise scores need none."""
         b, seq, _ = x.shape
         y = self.fc2(F.silu(self.fc1(x)))
         y = y.view(b, seq, self.n_factors, self.n_heads, self.head_dim, self.rank)
-        return y.permute(2, 0, 3, 1, 4, 5)
+        return y.permute(2, 0, 3, 1, 5, 4).contiguous().transpose(-1, -2)
 
 
 class MetricNet(_HeadFactorNet):
@@ -221,6 +231,10 @@ class RiemannianAttention(Attention):
         method: ``"decomposed"`` (materialised scores by eq. (16),
             :func:`~attention_atlas.attention.riemannian.scores.geodesic_scores_decomposed`:
             cheapest at short lengths), or a method of :func:`geodesic_attention` (fast paths).
+            ``"auto"`` is ``"decomposed"`` while its scores and one sequence's ``(L r, 2L)``
+            products stay small (:data:`MATERIALISED_ELEMENTS`; fewer FLOPs per pair than
+            any fast path: ``(2 r + 1) d`` against the augmented ``d^2 + 3 d + 1``), else
+            :func:`geodesic_attention`'s own choice.
             With ``need_weights=True`` the scores are materialised (by eq. (16) for
             ``"decomposed"``, else by the reference eq. (15)).
         metric: Phase A. False: ``U = 0`` (MetricNet is kept but unused, so parameter counts of
@@ -325,20 +339,27 @@ class RiemannianAttention(Attention):
         mask: Tensor | None,
         need_weights: bool,
     ) -> AttentionResult:
-        U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
+        with phase("metric_net"):
+            U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
         if self.projection is not None:  # Phase A++
-            q, k = self.projection(q, U), self.projection(k, U)
-        omega = self.curvature(U) if self.curvature is not None else None  # (B, H, L), Phase B
+            with phase("metric_projection"):
+                q, k = self.projection(q, U), self.projection(k, U)
+        omega = None
+        if self.curvature is not None:  # Phase B
+            with phase("curvature"):
+                omega = self.curvature(U)  # (B, H, L)
         U_s = U if self.use_geodesic else torch.zeros_like(U)  # Phase D scores
         omega_s = omega if self.use_geodesic else None
-        res = self._aggregate(q, k, v, U_s, omega_s, causal, mask, need_weights)
+        with phase("geodesic_scores"):
+            res = self._aggregate(q, k, v, U_s, omega_s, causal, mask, need_weights)
         extras: dict[str, Tensor] = {"metric_factor": U}
         if need_weights:
             extras["query"], extras["key"] = q, k
         if omega is not None:
             extras["curvature"] = omega
         out = self._transport(x, res.out, extras)  # Phases D and C
-        res.diagnostics.update(metric_statistics(U))
+        with phase("metric_statistics"):
+            res.diagnostics.update(metric_statistics(U))
         return AttentionResult(out, res.probs, res.diagnostics, extras)
 
     def _aggregate(
@@ -355,14 +376,22 @@ class RiemannianAttention(Attention):
         """``softmax(scores) v`` per head, ``(B, H, L, d)``: materialised (eq. (16) or (15)) for
         ``method="decomposed"`` or ``need_weights``, else by :func:`geodesic_attention`."""
         alpha, baseline = self.alpha, cast(Baseline, self.baseline)
-        if self.method == "decomposed" or need_weights:
-            scores = geodesic_scores_decomposed if self.method == "decomposed" else geodesic_scores
+        method = self.method
+        seq, r = k.shape[-2], U.shape[-1]
+        fits = q.numel() // q.shape[-1] * seq <= MATERIALISED_ELEMENTS  # B H L L scores
+        if method == "auto" and fits and seq * r * 2 * seq <= scores_module.PAIRWISE_CHUNK:
+            method = "decomposed"  # (B, H, L, r, 2L) products of eq. (16)
+        if method == "decomposed" or need_weights:
+            scores = geodesic_scores_decomposed if method == "decomposed" else geodesic_scores
             logits = scores(q, k, U, self.tau, curvature=omega, alpha=alpha, baseline=baseline)
-            res = attention_from_logits(logits, v, causal=causal, mask=mask)  # logits (B, H, L, L)
-            return res if need_weights else AttentionResult(res.out)
-        method = cast(Method, self.method)
+            if need_weights:  # logits (B, H, L, L)
+                return attention_from_logits(logits, v, causal=causal, mask=mask)
+            keep = combine_masks(
+                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
+            )
+            return AttentionResult(masked_softmax(logits, keep) @ v)
         out = geodesic_attention(q, k, v, U, self.tau, causal, mask=mask, curvature=omega,
-                                 alpha=alpha, baseline=baseline, method=method)  # fmt: skip
+                                 alpha=alpha, baseline=baseline, method=cast(Method, method))  # fmt: skip
         return AttentionResult(out)
 
     def _transport(self, x: Tensor, out: Tensor, extras: dict[str, Tensor]) -> Tensor:
@@ -370,12 +399,14 @@ class RiemannianAttention(Attention):
         to ``extras``. ``x (B, L, D)``, ``out (B, H, L, d)``."""
         moved = out
         if self.transport is not None and self.use_geodesic:
-            a, b = self.transport(x)
-            moved = self.transport.apply_transport(a, b, out)
+            with phase("transport"):
+                a, b = self.transport(x)
+                moved = self.transport.apply_transport(a, b, out)
             extras["transport_a"], extras["transport_b"] = a, b
         if self.torsion is not None and self.torsion_gate is not None:
-            lt, rt = self.torsion(x)
-            moved = moved + torch.sigmoid(self.torsion_gate) * torsion_apply(lt, rt, out)
+            with phase("torsion"):
+                lt, rt = self.torsion(x)
+                moved = moved + torch.sigmoid(self.torsion_gate) * torsion_apply(lt, rt, out)
             extras["torsion_l"], extras["torsion_r"] = lt, rt
         return moved
 

@@ -30,11 +30,13 @@ if TYPE_CHECKING:
     from ...models import ModelOutput
 
 __all__ = [
+    "TERMS",
     "RegularizerSchedule",
     "anti_flatness_loss",
     "curvature_smoothness_loss",
     "fiber_bundle_regularizer",
     "fiber_bundle_regularizers",
+    "gram_sums",
     "metric_cap_loss",
     "metric_distances",
     "metric_diversity_loss",
@@ -88,8 +90,9 @@ def metric_diversity_loss(
 
     ``U (..., L, d, r)``. Pairs: ``pairs (P, 2)`` of positions, or ``n_pairs`` sampled uniformly
     among ``i != j`` (with ``generator``), both by the ``O(r^2 d)`` identity; or by default all
-    ordered pairs ``i != j``, from :func:`metric_distances` (or ``distances``, its value if
-    already computed).
+    ordered pairs ``i != j`` (or from ``distances``, :func:`metric_distances` if already
+    computed): their sum is ``2 L sum_t |A_t|_F^2 - 2 |sum_t A_t|_F^2``, so all pairs cost
+    ``O(L d r^2)``, no ``(L, L)`` matrix.
     """
     seq = _check_positions(U, "metric diversity")
     if pairs is None and n_pairs is not None:
@@ -103,8 +106,68 @@ def metric_diversity_loss(
         ui = U.index_select(-3, pairs[:, 0])
         uj = U.index_select(-3, pairs[:, 1])
         return -lowrank_gram_distance_sq(ui, uj).mean()
-    dist = metric_distances(U) if distances is None else distances
-    return -(dist.sum((-1, -2)) / (seq * (seq - 1))).mean()  # the diagonal of dist is 0
+    if distances is not None:
+        return -(distances.sum((-1, -2)) / (seq * (seq - 1))).mean()  # its diagonal is 0
+    self_sq, total_sq = _pair_sums(U)
+    return _mean_pair_distance(self_sq, total_sq, seq).neg().mean()
+
+
+def _pair_sums(U: Tensor) -> tuple[Tensor, Tensor]:
+    """``S_tt = |U_t^T U_t|_F^2`` per token ``(..., L)`` and ``sum_ij S_ij = |sum_t U_t U_t^T|_F^2``
+    per sequence ``(...)``, with ``S_ij = |U_i^T U_j|_F^2 = <A_i, A_j>_F``: ``O(L d r^2)`` and one
+    ``d x d`` matrix per sequence, no ``(L, L)`` one."""
+    self_sq, _, total_sq = gram_sums(U)
+    return self_sq, total_sq
+
+
+class _GramSums(torch.autograd.Function):
+    """``(|G_t|^2, |C_t|^2, |M|^2)`` with ``G_t = U_t^T U_t``, ``C_t = U_t^T U_{t+1}`` and
+    ``M = sum_t U_t U_t^T``, on ``ut = U^T (N, L, r, d)``. The backward is written out, so it is
+    a few products instead of autograd's many tiny ones: with respect to ``U_t^T``,
+    ``4 ds_t G_t U_t^T + 2 dc_t C_t U_{t+1}^T + 2 dc_{t-1} C_{t-1}^T U_{t-1}^T + 4 dm U_t^T M``."""
+
+    @staticmethod
+    def forward(ctx, ut: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        n, seq, r, d = ut.shape
+        g = ut @ ut.transpose(-1, -2)  # (N, L, r, r)
+        tokens = ut.reshape(n * seq, r, d)  # neighbours in one product; drop pairs across rows
+        c = torch.bmm(tokens[:-1], tokens[1:].transpose(1, 2))
+        c = torch.cat([c, c.new_zeros(1, r, r)]).view(n, seq, r, r)[:, :-1]  # (N, L-1, r, r)
+        flat = ut.reshape(n, seq * r, d)
+        m = flat.transpose(1, 2) @ flat  # (N, d, d)
+        ctx.save_for_backward(ut, g, c, m)
+        return g.square().sum((-1, -2)), c.square().sum((-1, -2)), m.square().sum((-1, -2))
+
+    @staticmethod
+    def backward(ctx, ds: Tensor, dc: Tensor, dm: Tensor) -> Tensor:  # type: ignore[override]
+        ut, g, c, m = ctx.saved_tensors
+        n, seq, r, d = ut.shape
+        zero_c = c.new_zeros(n, 1, r, r)
+        a_next = torch.cat([2 * dc[..., None, None] * c, zero_c], 1)  # multiplies U_{t+1}^T
+        a_prev = torch.cat([zero_c, 2 * dc[..., None, None] * c.transpose(-1, -2)], 1)  # U_{t-1}^T
+        zero_u = ut.new_zeros(n, 1, r, d)
+        coef = torch.cat([4 * ds[..., None, None] * g, a_next, a_prev], -1)  # (N, L, r, 3r)
+        rows = torch.cat(
+            [ut, torch.cat([ut[:, 1:], zero_u], 1), torch.cat([zero_u, ut[:, :-1]], 1)], -2
+        )
+        grad = (coef @ rows).reshape(n, seq * r, d)  # (N, L r, d)
+        grad = grad + (4 * dm[:, None, None]) * (ut.reshape(n, seq * r, d) @ m)  # M symmetric
+        return grad.view(n, seq, r, d)
+
+
+def gram_sums(U: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(|U_t^T U_t|_F^2 (..., L), |U_t^T U_{t+1}|_F^2 (..., L-1), |sum_t U_t U_t^T|_F^2 (...))``
+    for ``U (..., L, d, r)``: the sums behind the diversity (eq. (32)) and smoothness (eq. (33))
+    terms, with :class:`_GramSums`' written-out backward."""
+    *batch, seq, d, r = U.shape
+    ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
+    self_sq, cross_sq, total_sq = _GramSums.apply(ut)
+    return (self_sq.view(*batch, seq), cross_sq.view(*batch, seq - 1), total_sq.view(batch))
+
+
+def _mean_pair_distance(self_sq: Tensor, total_sq: Tensor, seq: int) -> Tensor:
+    """``mean_{i != j} |A_i - A_j|_F^2 = (2 L sum_t S_tt - 2 sum_ij S_ij) / (L (L - 1))``."""
+    return (2 * seq * self_sq.sum(-1) - 2 * total_sq) / (seq * (seq - 1))
 
 
 def curvature_smoothness_loss(U: Tensor, *, distances: Tensor | None = None) -> Tensor:
@@ -116,21 +179,38 @@ def curvature_smoothness_loss(U: Tensor, *, distances: Tensor | None = None) -> 
     return lowrank_gram_distance_sq(U[..., :-1, :, :], U[..., 1:, :, :]).mean()
 
 
-def regularizer_terms(U: Tensor, *, kappa_min: float, kappa_max: float) -> dict[str, Tensor]:
+TERMS = ("anti", "div", "smooth", "cap", "l2")
+
+
+def regularizer_terms(
+    U: Tensor, *, kappa_min: float, kappa_max: float, terms: tuple[str, ...] = TERMS
+) -> dict[str, Tensor]:
     """The raw Section 6.4 terms of one layer's ``U (B, H, L, d, r)``: ``anti`` (eq. (31)),
     ``div`` (eq. (32), all ordered pairs ``i != j`` of a sequence), ``smooth`` (eq. (33)),
     ``cap`` (eq. (34)) and ``l2`` (``mean_t |U_t|_F^2``, the "standard regularisation" of
-    Conjecture 6.3), sharing one :func:`metric_strength` and one :func:`metric_distances`."""
-    _check_positions(U, "the metric regularisers")
-    dist = metric_distances(U)
+    Conjecture 6.3), or those of them named in ``terms``; they share one
+    :func:`metric_strength` and the Gram sums of :func:`_pair_sums` (``O(L d r^2)``, no
+    ``(L, L)`` matrix: the diversity by its all-pairs identity, the smoothness from
+    ``|A_t|_F^2`` and ``|U_t^T U_{t+1}|_F^2``)."""
+    seq = _check_positions(U, "the metric regularisers")
+    bad = sorted(set(terms) - set(TERMS))
+    if bad:
+        raise ValueError(f"unknown regulariser term {bad[0]!r}; the terms are {', '.join(TERMS)}")
     kappa = metric_strength(U)  # (..., L)
-    return {
-        "anti": anti_flatness_loss(U, kappa_min, kappa=kappa),
-        "div": metric_diversity_loss(U, distances=dist),
-        "smooth": curvature_smoothness_loss(U, distances=dist),
-        "cap": metric_cap_loss(U, kappa_max, kappa=kappa),
-        "l2": kappa.mean(),
-    }
+    out: dict[str, Tensor] = {}
+    if "div" in terms or "smooth" in terms:
+        self_sq, cross, total_sq = gram_sums(U)
+        if "div" in terms:
+            out["div"] = _mean_pair_distance(self_sq, total_sq, seq).neg().mean()
+        if "smooth" in terms:  # |A_t - A_{t+1}|^2 = S_tt - 2 S_t,t+1 + S_t+1,t+1
+            out["smooth"] = (self_sq[..., :-1] + self_sq[..., 1:] - 2 * cross).mean()
+    if "anti" in terms:
+        out["anti"] = anti_flatness_loss(U, kappa_min, kappa=kappa)
+    if "cap" in terms:
+        out["cap"] = metric_cap_loss(U, kappa_max, kappa=kappa)
+    if "l2" in terms:
+        out["l2"] = kappa.mean()
+    return {k: out[k] for k in TERMS if k in out}
 
 
 @dataclass
@@ -207,11 +287,10 @@ def fiber_bundle_regularizer(
     if not Us:
         return output.logits.new_zeros(())
     total = output.logits.new_zeros(())
+    used = tuple(k for k in TERMS if w[k] != 0.0)  # a term of weight 0 is not computed
     for U in Us:
-        terms = regularizer_terms(U, kappa_min=kappa_min, kappa_max=kappa_max)
-        total = total + sum(
-            (w[k] * v for k, v in terms.items() if w[k] != 0.0), output.logits.new_zeros(())
-        )
+        terms = regularizer_terms(U, kappa_min=kappa_min, kappa_max=kappa_max, terms=used)
+        total = total + sum((w[k] * v for k, v in terms.items()), output.logits.new_zeros(()))
     return total / len(Us)
 
 

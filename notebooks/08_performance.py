@@ -1,0 +1,284 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 8. Performance
+#
+# Every chapter so far asked what an attention variant computes. This one asks what it costs:
+# how long its kernel takes against scaled dot-product attention (SDPA,
+# {cite}`vaswani2017attention`, through PyTorch's fused kernel) as the sequence grows, how much
+# memory it holds, how close it runs to the arithmetic floor of its own FLOPs, and what one
+# training step of a whole model costs against a dot-product model of the same width, depth and
+# data. Training cost is what limits every experiment of this book: each factor saved buys the
+# science more steps, seeds and width.
+#
+# Three rules make the numbers worth reading on a shared machine:
+#
+# * **Ratios, side by side.** Every time is taken in one process, interleaved with the
+#   baseline's (`attention_atlas.bench.compare`: rounds in which every function runs once, in a
+#   rotating order), and the ratio is taken within each round. On one CPU thread the clock is the
+#   thread's CPU time, which other processes on the machine do not inflate.
+# * **Floors, not only ratios.** A ratio to SDPA moves when either side gets faster. The *floor
+#   ratio* does not: the measured time divided by the time this machine's matrix products would
+#   take for the variant's counted FLOPs (`bench.count_flops`, $2mnk$ per product, the
+#   convention of `torch.utils.flop_counter`, which counts SDPA's full square of scores even
+#   when causal kernels skip half of it), the compute roof of a roofline model
+#   {cite}`williams2009roofline`. A floor ratio of 1 is a kernel that does nothing but matrix
+#   products at the machine's peak rate.
+# * **Stored records with their provenance.** The long measurements are command-line runs
+#   whose records (command, commit, machine) live in `results/bench/<cpu|cuda>/`; the page
+#   plots them and prints where each came from, and adds a small live measurement of its own.
+
+# %% tags=["parameters"]
+live_variants = [
+    "dot",
+    "euclidean",
+    "matroidal",
+    "mahalanobis",
+    "riemannian",
+    "fiber_bundle",
+    "ssm",
+]
+live_lengths = [256, 1024]  # lengths of the live kernel exploration
+live_dtypes = ["float32", "float64"]  # dtypes of the live kernel exploration
+fallback_lengths = [128, 256, 512]  # kernel lengths measured here when no record is stored
+live_train_variants = ["dot", "riemannian", "fiber_bundle"]  # the live training-step run
+live_train_shape = {"dim": 32, "n_layers": 2, "n_heads": 2, "batch_size": 4, "seq_len": 32}
+reps = 3  # interleaved rounds of the live measurements
+
+# %% tags=["smoke"]
+SMOKE = {"live_variants": ["dot", "euclidean", "fiber_bundle"], "live_lengths": [64],
+         "live_dtypes": ["float32"], "fallback_lengths": [32, 64], "reps": 1,
+         "live_train_variants": ["dot", "fiber_bundle"],
+         "live_train_shape": {"dim": 16, "n_layers": 1, "n_heads": 2, "batch_size": 2, "seq_len": 16}}  # fmt: skip
+from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+
+apply_smoke(SMOKE, globals())
+
+# %%
+import math
+
+import torch
+from IPython.display import display
+
+from attention_atlas import viz
+from attention_atlas.bench_scaling import matmul_rate
+from attention_atlas.experiments import performance as perf
+
+torch.set_num_threads(1)  # every measurement of this chapter is on one thread
+records = perf.load_records()
+print({name: sorted(kinds) or "none stored" for name, kinds in records.items()})
+
+# %% [markdown]
+# ## The machine's floor
+#
+# The floor of every ratio below is this machine's rate for a square float32 matrix product on
+# one thread, measured by the benchmark that made each record; the page measures it again now.
+
+# %%
+rate_now = matmul_rate(torch.float32, "cpu", n=256, reps=3)
+kernels, kernels_source = perf.stored_or_live_kernels(
+    records, live_variants, fallback_lengths, reps
+)
+viz.markdown(
+    f"Matrix products run at **{kernels['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s** in the run "
+    f"that made the kernel record ({kernels_source}) and at {rate_now / 1e9:.1f} GFLOP/s in this "
+    f"one (one thread, float32)."
+)
+
+# %% [markdown]
+# ## Kernels against SDPA
+#
+# Each variant's `attend` (its score, softmax and value mixing, without the projections that
+# every variant shares) on the same random causal $q, k, v$ (sizes below, from the record), at
+# lengths doubling up to the longest the record holds. A variant stops where its next length would take
+# longer than the run allows per call, or where its memory estimate is too large: the
+# materialised scores of the Fiber Bundle Transformer {cite}`song2026riemannian` (chapter 4)
+# hold $(L, r, 2L)$ products, while SDPA and the blocked Riemannian path keep memory linear in
+# $L$ as FlashAttention does {cite}`dao2022flashattention`, and the chunked SSM
+# {cite}`dao2024transformers` is linear in time too.
+
+# %%
+kf = perf.kernel_frame(kernels)
+print(perf.provenance_text(kernels, kernels_source))
+viz.markdown(perf.kernel_sizes_sentence(kernels))
+viz.show(
+    perf.kernel_figure(kf, "forward+backward ms", title="Forward+backward time of each kernel")
+)
+viz.show(
+    perf.kernel_figure(
+        kf, "forward+backward / SDPA", title="Forward+backward time over SDPA's, same run"
+    )
+)
+
+# %% [markdown]
+# How close each kernel runs to the matrix-product floor of its own FLOPs, and its memory (the
+# high-water mark of live tensor bytes of one forward+backward):
+
+# %%
+viz.show(perf.kernel_figure(kf, "forward+backward floor ratio",
+                            title="Time over the matrix-product time of its counted FLOPs"))  # fmt: skip
+if kf["peak MiB"].notna().any():
+    viz.show(perf.kernel_figure(kf, "peak MiB", title="Peak tensor memory of one forward+backward"))
+slopes = perf.slope_frame(kernels)
+display(slopes.round(2))
+
+# %%
+longest = int(kf["L"].max())
+at = kf[kf["L"] == kf.groupby("variant")["L"].transform("max")].set_index("variant")
+quad = slopes.drop(index=["ssm"], errors="ignore")["forward+backward slope"]
+viz.markdown(
+    "At the longest length each reached, the kernels run at "
+    + ", ".join(
+        f"{v} {r['forward+backward / SDPA']:.1f}x (L = {int(r['L'])})" for v, r in at.iterrows()
+    )
+    + f" SDPA's forward+backward time. The quadratic kernels' time grows with slopes "
+    f"{quad.min():.2f} to {quad.max():.2f} in $L$ (2 is quadratic)"
+    + (
+        f"; the chunked SSM's slope is {slopes.loc['ssm', 'forward+backward slope']:.2f}"
+        if "ssm" in slopes.index
+        else ""
+    )
+    + f". SDPA itself runs at {at.loc['dot', 'forward+backward floor ratio']:.1f}x its matrix-product "
+    f"floor at L = {int(at.loc['dot', 'L'])}; the longest length measured is {longest:,}."
+)
+
+# %% [markdown]
+# ### On a GPU
+#
+# The same command on a CUDA machine stores its record beside the CPU one
+# (`results/bench/cuda/`); this section shows it when it exists.
+
+# %%
+gpu = records[perf.KERNEL_RECORD].get("cuda")
+if gpu is None:
+    print(
+        "No GPU record is stored yet: no GPU has run `python -m attention_atlas bench --lengths "
+        "256 512 1024 2048 4096 8192 16384 --device cuda --store`."
+    )
+else:
+    print(perf.provenance_text(gpu))
+    viz.show(perf.kernel_figure(perf.kernel_frame(gpu), "forward+backward / SDPA",
+                                title="GPU: forward+backward time over SDPA's"))  # fmt: skip
+
+# %% [markdown]
+# ## Exploration: one kernel, live
+#
+# Pick a variant, a length and a dtype: the page measures that kernel against SDPA now (one
+# causal sequence, `perf.LIVE_SIZES`), forward and forward+backward, beside the floor of each
+# (its counted FLOPs at this machine's matrix-product rate).
+
+# %%
+viz.explore(
+    perf.live_kernel_figure,
+    {
+        "variant": viz.dropdown([v for v in live_variants if v != "dot"]),
+        "length": viz.dropdown(live_lengths),
+        "dtype": viz.dropdown(live_dtypes),
+    },
+    main=True,
+)
+
+# %% [markdown]
+# ## One training step against a dot-product model
+#
+# Each variant is trained as the harness trains it (the same `train` step: forward, loss,
+# regularisers, backward, gradient clipping, AdamW) at chapter 4's shapes, **book** and **long**
+# (the sizes are printed below from the records). `fiber_bundle` is the Fiber Bundle
+# Transformer of chapter 4 with its three regularisers;
+# `cofactor` is the dot-product model with chapter 6's cofactor regulariser. The bars are each
+# step's time over the dot-product step's in the same round (median and quartiles); the
+# diamonds are the ratio of their counted FLOPs, the floor if a variant ran at dot's FLOP rate.
+
+# %%
+found = {
+    shape: perf.stored_or_live_train(records, shape, live_train_variants, live_train_shape, reps)
+    for shape in ("book", "long")
+}
+train = {shape: rec for shape, (rec, _) in found.items() if rec is not None}
+frames = {shape: perf.train_frame(rec) for shape, rec in train.items()}
+for shape, rec in train.items():
+    print(f"{shape} {rec['sizes']}: {perf.provenance_text(rec, found[shape][1])}")
+viz.show(perf.train_figure(frames))
+display(frames["book"].round(2))
+
+# %% [markdown]
+# The goals (`perf.GOALS`: a bound on the Fiber Bundle Transformer's step and one on every
+# other variant's, in dot-product steps), or, where a goal is out of reach, a count of FLOPs that
+# shows why (a variant whose counted FLOPs already exceed its goal cannot meet it at dot's FLOP
+# rate). The cofactor regulariser has a goal of its own, a small share of a step, which chapter
+# 6 measures (its LU factorisations are counted here by their estimate, as no FLOP counter sees
+# them).
+
+# %%
+print("goals, in dot-product steps:", perf.GOALS)
+for shape, rec in train.items():
+    g = perf.goals(rec)
+    display(g.round(2).rename_axis(f"{shape} shape"))
+    viz.markdown(perf.goal_sentence(g, shape))
+
+# %% [markdown]
+# ## Where a step goes
+#
+# A profile of a few steps of each variant (`torch.profiler`) splits its time into phases:
+# ranges the library opens around each part of a model (`attention_atlas.profiling.phase`: the
+# Fiber Bundle Transformer's MetricNet, metric-aware projection (A++), curvature, geodesic
+# scores, transport, torsion, preconditioned update (Phase E), and each regulariser) and one per
+# kind of module (embedding, layer norms, the q/k/v and output projections, the MLP, the output
+# head; what is left inside an attention module is the variant's own core). Backward work is
+# charged to the phase whose forward operator it differentiates. The bars are in units of the
+# dot-product step, so they add up to the variant's ratio. The split is an estimate (the least
+# time of each phase over a few profiled steps on a shared machine, less the profiler's own
+# cost); the step's ratio to dot above is the measured number.
+
+# %%
+book = train["book"]
+viz.show(perf.phase_figure(book, list(book["results"])))
+fbt = perf.phase_frame(book, "fiber_bundle") if "fiber_bundle" in book["results"] else None
+if fbt is not None:
+    display(fbt.round(3))
+
+# %%
+if fbt is not None:
+    top = fbt.index[:3]
+    viz.markdown(
+        "In the Fiber Bundle Transformer's step the largest phases are "
+        + ", ".join(
+            f"{p} ({fbt.loc[p, 'of dot step']:.2f} dot steps, "
+            f"{fbt.loc[p, 'forward MFLOP'] + fbt.loc[p, 'backward MFLOP']:.0f} MFLOP)"
+            for p in top
+        )
+        + f"; the whole step counts {frames['book'].loc['fiber_bundle', 'FLOP ratio']:.2f}x the "
+        f"dot-product step's FLOPs and takes {frames['book'].loc['fiber_bundle', 'ratio to dot']:.2f}x its time."
+    )
+
+# %% [markdown]
+# ## A live training step
+#
+# The same benchmark, small enough to run while the page builds (one thread, a few rounds):
+
+# %%
+live = perf.live_train(live_train_variants, live_train_shape, reps=reps)
+display(perf.train_frame(live).round(2))
+ratio = perf.train_frame(live)["ratio to dot"]
+assert (ratio > 0).all() and math.isfinite(float(ratio.max()))
+
+# %% [markdown]
+# ## What the numbers say
+#
+# The kernels, from the stored record: how far each stays from SDPA, how its time grows with
+# $L$, and how close it runs to the floor of its own FLOPs (chapter 3 derived the Riemannian
+# kernel's $2r + 1$; chapter 7 the chunked SSM's linear time). Training steps add what the
+# kernels leave out (factor networks, per-token geometry, regularisers), which at chapter 4's
+# shapes are many small operators; the goals above say which steps are within budget and, for
+# the others, whether their FLOPs or their efficiency stand in the way.
+
+# %%
+viz.markdown(perf.kernel_summary(kf, slopes))

@@ -1,0 +1,206 @@
+"""Every attention variant's kernel against SDPA as the length grows, and against its floor.
+
+:func:`kernel_scaling` times each registered variant's
+:meth:`~attention_atlas.attention.base.Attention.attend` (forward, and forward+backward) against
+dot-product attention (SDPA) on the same ``q, k, v`` at each length, interleaved
+(:func:`attention_atlas.bench.bench_attention`), with the peak memory of one forward+backward and
+the FLOPs of its matrix products (:func:`attention_atlas.bench.count_flops`). A variant is not run
+at a length where the time extrapolated from the previous length (by the slope measured so far,
+at least 2) passes ``max_call_s``, or where its estimated memory passes ``max_memory_bytes``.
+
+Ratios to SDPA move when either side gets faster; the **floor ratio** does not: the measured time
+divided by the time this machine's matrix products would take for the variant's counted FLOPs
+(:func:`matmul_rate`, a square matrix product of the same dtype on the same device and
+threads). A floor ratio of 1 is a kernel that does nothing but matrix products at the machine's
+peak rate; elementwise work, memory traffic and small products push it up.
+
+``python -m attention_atlas bench --lengths 256 ... 16384 --store`` stores the record in
+``results/bench/<cpu|cuda>/kernels-<dtype>.json`` (:mod:`attention_atlas.bench_records`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .bench import _time, bench_attention, count_flops
+from .train import flops as _flops  # noqa: F401  (registers the CPU SDPA FLOP formulas)
+
+__all__ = ["KERNEL_VARIANTS", "LENGTHS", "floor_ratio", "kernel_scaling", "matmul_rate", "slopes"]
+
+#: the variants of chapter 8's kernel figures (registry names; ``dot`` is SDPA)
+KERNEL_VARIANTS = ("dot", "euclidean", "matroidal", "mahalanobis", "riemannian", "fiber_bundle",
+                   "ssm")  # fmt: skip
+#: the lengths of the long run
+LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+#: bytes per (B, H, L, L) element each variant keeps alive at its peak, roughly (its largest
+#: materialised tensors): the materialised fiber_bundle scores hold (L, r, 2L) products
+_QUADRATIC_BYTES = {"fiber_bundle": 48}
+
+
+def matmul_rate(
+    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", n: int = 512,
+    reps: int = 5,
+) -> float:  # fmt: skip
+    """FLOP/s of an ``n x n`` matrix product (``2 n^3`` FLOPs) on this device, dtype and thread
+    count: the best of ``reps`` samples of at least 0.05 s each (the rate the machine can reach;
+    on one CPU thread timed by the thread's CPU time, as :func:`kernel_scaling` times)."""
+    dev = torch.device(device)
+    clock = "cpu" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
+    a = torch.randn(n, n, dtype=dtype, device=dev)
+    b = torch.randn(n, n, dtype=dtype, device=dev)
+
+    def step() -> None:
+        torch.mm(a, b)
+
+    t1 = _time(step, 1, dev, clock)
+    number = max(1, math.ceil(0.05 / max(t1, 1e-9)))
+    times = [_time(step, number, dev, clock) for _ in range(reps)]
+    return 2 * n**3 / min(times)
+
+
+def floor_ratio(seconds: float, flops: float, rate: float) -> float:
+    """Measured time over the time of ``flops`` at ``rate`` FLOP/s (nan without FLOPs)."""
+    return seconds / (flops / rate) if flops > 0 else math.nan
+
+
+def _estimated_bytes(variant: str, batch: int, heads: int, length: int, itemsize: int) -> float:
+    per = _QUADRATIC_BYTES.get(variant, 0)
+    return per / 4 * itemsize * batch * heads * length * length
+
+
+def kernel_scaling(
+    variants: Sequence[str] = KERNEL_VARIANTS,
+    lengths: Sequence[int] = LENGTHS,
+    *,
+    batch: int = 1,
+    heads: int = 4,
+    head_dim: int = 16,
+    causal: bool = True,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    reps: int = 3,
+    warmup: int = 1,
+    max_call_s: float = 10.0,
+    max_memory_bytes: float = 2**31,
+    memory: bool = True,
+    log: Any = None,
+) -> dict[str, Any]:
+    """Forward and forward+backward time, peak memory and FLOPs of each variant at each length,
+    against SDPA measured side by side.
+
+    Returns ``{"name": "kernels-<dtype>", "kind": "kernel_scaling", "device", "dtype",
+    "threads", "sizes": {batch, heads, head_dim, causal}, "lengths", "matmul_flops_per_s",
+    "results": {variant: {str(L): {"forward_s", "forward_backward_s", "forward_ratio",
+    "forward_backward_ratio", "peak_memory_bytes", "forward_flops", "forward_backward_flops"}}},
+    "skipped": {variant: {str(L): reason}}}``; every ratio is to ``dot`` in the same run.
+    """
+    t0 = time.time()
+    dev = torch.device(device)
+    clock = "cpu" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
+    names = ["dot", *[v for v in variants if v != "dot"]]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    rate = matmul_rate(dtype, dev)
+    results: dict[str, dict[str, Any]] = {v: {} for v in names}
+    skipped: dict[str, dict[str, str]] = {v: {} for v in names}
+    last: dict[str, tuple[int, float]] = {}  # variant -> (length, fwd+bwd seconds)
+    for length in lengths:
+        run = []
+        for v in names:
+            reason = _skip_reason(v, length, last, batch, heads, itemsize, max_call_s,
+                                  max_memory_bytes, results)  # fmt: skip
+            if reason:
+                skipped[v][str(length)] = reason
+            else:
+                run.append(v)
+        if "dot" not in run:
+            break
+        res = bench_attention(run, "dot", batch=batch, heads=heads, length=length,
+                              head_dim=head_dim, causal=causal, dtype=dtype, device=dev,
+                              reps=reps, warmup=warmup, memory=memory, clock=clock)  # fmt: skip
+        flops = _count(run, batch, heads, length, head_dim, causal, dtype, dev)
+        for v in run:
+            r = res["results"][v]
+            fb = r["forward_backward"]["median_s"]
+            results[v][str(length)] = {
+                "forward_s": r["forward"]["median_s"], "forward_backward_s": fb,
+                "forward_ratio": r["forward"]["ratio_median"],
+                "forward_backward_ratio": r["forward_backward"]["ratio_median"],
+                "peak_memory_bytes": r.get("peak_memory_bytes"), **flops[v],
+            }  # fmt: skip
+            last[v] = (length, fb)
+        if log is not None:
+            log(f"L={length}: " + ", ".join(f"{v} {results[v][str(length)]['forward_backward_ratio']:.2f}x"
+                                            for v in run))  # fmt: skip
+    return {
+        "name": f"kernels-{str(dtype).replace('torch.', '')}", "kind": "kernel_scaling",
+        "device": str(dev), "dtype": str(dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(), "reps": reps, "clock": clock, "lengths": list(lengths),
+        "sizes": {"batch": batch, "heads": heads, "head_dim": head_dim, "causal": causal},
+        "matmul_flops_per_s": rate, "max_call_s": max_call_s, "max_memory_bytes": max_memory_bytes,
+        "seconds": time.time() - t0, "results": results, "skipped": skipped,
+    }  # fmt: skip
+
+
+def _skip_reason(
+    v: str, length: int, last: dict[str, tuple[int, float]], batch: int, heads: int,
+    itemsize: int, max_call_s: float, max_memory: float, results: dict[str, Any],
+) -> str:  # fmt: skip
+    mem = _estimated_bytes(v, batch, heads, length, itemsize)
+    if mem > max_memory:
+        return f"estimated memory {mem / 2**30:.1f} GiB > {max_memory / 2**30:.1f} GiB"
+    if v in last:
+        l0, t0 = last[v]
+        pts = sorted((int(k), r["forward_backward_s"]) for k, r in results[v].items())
+        slope = 2.0
+        if len(pts) >= 2:
+            (la, ta), (lb, tb) = pts[-2], pts[-1]
+            slope = max(2.0, math.log(tb / ta) / math.log(lb / la)) if ta > 0 and tb > 0 else 2.0
+        est = t0 * (length / l0) ** slope
+        if est > max_call_s:
+            return f"estimated {est:.0f} s per forward+backward > {max_call_s:g} s"
+    return ""
+
+
+def _count(
+    run: list[str], batch: int, heads: int, length: int, head_dim: int, causal: bool,
+    dtype: torch.dtype, dev: torch.device,
+) -> dict[str, dict[str, int]]:  # fmt: skip
+    """Matrix-product FLOPs of one forward and one forward+backward of each variant."""
+    from .attention.registry import build_attention
+
+    g = torch.Generator().manual_seed(0)
+    shape = (batch, heads, length, head_dim)
+    q, k, v = (
+        torch.randn(shape, generator=g, dtype=dtype).to(dev).requires_grad_() for _ in range(3)
+    )
+    x = torch.randn(batch, length, heads * head_dim, generator=g, dtype=dtype).to(dev)
+    out: dict[str, dict[str, int]] = {}
+    for name in run:
+        mod = build_attention(name, dim=heads * head_dim, n_heads=heads).to(dev, dtype)
+
+        def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, _m: Any = mod) -> torch.Tensor:
+            return _m.attend(q, k, v, x=x, causal=causal, mask=None, need_weights=False).out
+
+        out[name] = {"forward_flops": count_flops(fn, q, k, v),
+                     "forward_backward_flops": count_flops(fn, q, k, v, backward=True)}  # fmt: skip
+    return out
+
+
+def slopes(record: dict[str, Any], key: str = "forward_backward_s") -> dict[str, float]:
+    """The log-log slope of ``key`` against the length, per variant, from a
+    :func:`kernel_scaling` record (nan with fewer than two lengths)."""
+    from .viz import loglog_slope
+
+    out = {}
+    for v, by_len in record["results"].items():
+        pts = sorted((int(n), r[key]) for n, r in by_len.items() if r.get(key) is not None)
+        out[v] = (
+            loglog_slope([p[0] for p in pts], [p[1] for p in pts]) if len(pts) >= 2 else math.nan
+        )
+    return out

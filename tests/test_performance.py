@@ -1,0 +1,88 @@
+"""Chapter 8's analysis of benchmark records (experiments/performance.py), on records written
+here: the tables, floors, slopes and goals they compute, and the loader's machine kinds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attention_atlas import bench_records
+from attention_atlas.experiments import performance as perf
+
+
+def _kernels(device: str = "cpu") -> dict:
+    # dot: time 1 ms * (L/256)^2; euclidean twice that; ssm linear in L
+    res: dict = {"dot": {}, "euclidean": {}, "ssm": {}}
+    for n in (256, 512, 1024):
+        q = (n / 256) ** 2
+        for v, t, f in (("dot", 1e-3 * q, 1e9 * q), ("euclidean", 2e-3 * q, 1e9 * q),
+                        ("ssm", 1e-3 * n / 256, 1e8 * n / 256)):  # fmt: skip
+            res[v][str(n)] = {"forward_s": t / 3, "forward_backward_s": t,
+                              "forward_ratio": t / (1e-3 * q), "forward_backward_ratio": t / (1e-3 * q),
+                              "peak_memory_bytes": 2**20 * n, "forward_flops": f / 3,
+                              "forward_backward_flops": f}  # fmt: skip
+    return {"name": perf.KERNEL_RECORD, "device": device, "matmul_flops_per_s": 1e12,
+            "results": res}  # fmt: skip
+
+
+def test_kernel_frame_floor_ratio_is_time_over_the_matmul_time_of_the_flops():
+    kf = perf.kernel_frame(_kernels())
+    row = kf[(kf["variant"] == "euclidean") & (kf["L"] == 512)].iloc[0]
+    # 8 ms against 4e9 FLOPs at 1e12 FLOP/s (4 ms): twice the floor
+    assert row["forward+backward floor ratio"] == pytest.approx(2.0)
+    assert row["forward+backward / SDPA"] == pytest.approx(2.0)
+    assert row["peak MiB"] == pytest.approx(512)
+
+
+def test_slopes_are_the_exponents_of_the_power_laws():
+    s = perf.slope_frame(_kernels())
+    assert s.loc["dot", "forward+backward slope"] == pytest.approx(2.0)
+    assert s.loc["ssm", "forward+backward slope"] == pytest.approx(1.0)
+    assert s.loc["ssm", "memory slope"] == pytest.approx(1.0)
+    assert s.loc["euclidean", "longest L"] == 1024
+    text = perf.kernel_summary(perf.kernel_frame(_kernels()), s)
+    assert (
+        "Within twice SDPA's forward+backward time at every length they ran: euclidean, ssm" in text
+    )
+    assert "Growing slower than $L^{1.5}$: ssm" in text
+
+
+def _train(ratios: dict[str, float], flop_ratios: dict[str, float]) -> dict:
+    res = {}
+    for v, r in ratios.items():
+        res[v] = {
+            "step": {"median_s": 0.01 * r, "ratio_median": r, "ratio_q25": r, "ratio_q75": r},
+            "flops": {"step_counted": int(1e9 * flop_ratios[v])},
+            "phases": {"attention": {"share": 1.0, "forward_flops": 1, "backward_flops": 2}},
+        }
+    return {"name": "train-book", "device": "cpu", "results": res}
+
+
+def test_goals_say_which_steps_are_within_budget_and_why_not():
+    rec = _train({"dot": 1.0, "euclidean": 1.2, "riemannian": 2.5, "fiber_bundle": 3.5, "ssm": 1.6},
+                 {"dot": 1.0, "euclidean": 1.0, "riemannian": 1.9, "fiber_bundle": 2.6, "ssm": 1.0})  # fmt: skip
+    g = perf.goals(rec)
+    assert list(g.index) == ["euclidean", "riemannian", "fiber_bundle", "ssm"]
+    assert g.loc["fiber_bundle", "goal"] == 3.0 and g.loc["ssm", "goal"] == 1.5
+    assert g["met"].tolist() == [True, False, False, False]
+    assert g["FLOP floor above goal"].tolist() == [False, True, False, False]
+    text = perf.goal_sentence(g, "book")
+    assert "met by euclidean (1.20x" in text
+    assert (
+        "already above the goal (its floor at dot's FLOP rate): riemannian (2.50x, FLOPs 1.90x"
+        in text
+    )
+    assert "within the goal (many small operators" in text and "fiber_bundle (3.50x" in text
+    assert math.isnan(perf.train_frame(rec).loc["dot", "goal"])
+
+
+def test_loader_shows_gpu_records_beside_cpu_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
+    assert perf.load_records() == {perf.KERNEL_RECORD: {}, "train-book": {}, "train-long": {}}
+    for device in ("cpu", "cuda"):
+        rec = bench_records.stamp(_kernels(device), started=0.0, command="bench --lengths")
+        bench_records.store_bench(rec, perf.KERNEL_RECORD)
+    records = perf.load_records()
+    assert perf.stored_kinds(records, perf.KERNEL_RECORD) == ["cpu", "cuda"]
+    assert records[perf.KERNEL_RECORD]["cuda"]["device"] == "cuda"
