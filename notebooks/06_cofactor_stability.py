@@ -214,15 +214,24 @@ diag_pen = -torch.logaddexp(
     (1 - diag[:, 1:]).log().sum(-1), torch.tensor(math.log(1e-8), dtype=F64)
 )
 assert torch.allclose(pen, diag_pen, rtol=1e-10), (pen - diag_pen).abs().max()
+# its KL term, with respect to the logits: -beta (n - 1) / n times the margin term's gradient
+z = torch.log(A).requires_grad_(True)  # logits of these heads (-inf above the diagonal)
+(g_m,) = torch.autograd.grad(cofactor_penalty(torch.softmax(z, -1), beta=0.0), z)
+(g_b,) = torch.autograd.grad(cofactor_penalty(torch.softmax(z, -1), beta=beta), z)
+kl_factor = float((g_b - g_m).flatten() @ g_m.flatten() / (g_m.flatten() @ g_m.flatten()))
+assert abs(kl_factor + beta * (n_identity - 1) / n_identity) < 1e-4, kl_factor
 show_outcomes({"cofactor/decoder": decoder})
 viz.markdown(
     f"With $\\beta = 0$ the seed's penalty on a causal head is $-\\log(\\prod_{{j\\ge1}}"
     f"(1-A_{{jj}}) + \\epsilon)$ (checked on {n_matrices} random causal heads to "
     f"{float(((pen - diag_pen) / diag_pen).abs().max()):.0e}): it discourages tokens from "
-    "attending to themselves, and that is all it can do. With $\\beta > 0$ the KL term is "
-    "$\\mathrm{KL}(u\\,\\|\\,\\pi)$ with $\\pi = e_0$ whatever the weights: a constant up to the "
-    "$\\epsilon$ terms, whose gradient comes from round-off in the vanishing cofactors."
+    "attending to themselves, and that is all it can do. The KL term adds nothing new: with "
+    "$\\pi = e_0$ up to $\\epsilon$, $\\mathrm{KL}(u\\,\\|\\,\\pi) = (1 - 1/n)\\log c_0$ + const, so "
+    f"its gradient with respect to the logits is {kl_factor:+.4f} times the margin term's "
+    f"($-\\beta(n-1)/n$ with $\\beta = {beta:g}$, $n = {n_identity}$): it only weakens the "
+    "diagonal penalty."
 )
+
 
 # %% [markdown]
 # ## 2. Nearly reducible attention: what happens as the coupling goes to zero
@@ -576,6 +585,26 @@ for name, params in configs.items():
 fig.update_layout(title="Gradient norm before clipping (mean and 95% interval over seeds)",
                   xaxis_title="step", yaxis_title="||grad||", yaxis_type="log")  # fmt: skip
 viz.show(fig)
+viz.markdown(f"*{grid.provenance.text}.*")
+
+# %% [markdown]
+# When does the regulariser act? The harness logs the cofactor diagnostic of the regularised
+# heads at every log step (on two validation sequences): their log-margin and the fraction of
+# them that are nearly disconnected (spectral gap below 0.05), by arm.
+
+# %%
+fig = make_subplots(1, 2, subplot_titles=("log-margin, regularised heads",
+                                          "fraction nearly disconnected (gap < 0.05)"))  # fmt: skip
+for col, column in enumerate(["cofactor/cofactor_log_margin", "cofactor/frac_disconnected"], 1):
+    for name, params in configs.items():
+        steps, values = analysis.history_matrix(
+            [grid.records[(name, s)] for s in run_seeds], column
+        )
+        band = viz.line_band(steps, {f"{params['task']} {params['arm']}": values})
+        for trace in band.data:
+            fig.add_trace(trace.update(showlegend=col == 1, legendgroup=name), row=1, col=col)
+fig.update_xaxes(title_text="step")
+viz.show(fig.update_layout(title="The regularised heads during training (mean and 95% interval)"))
 viz.markdown(f"*{grid.provenance.text}.*")
 
 # %%

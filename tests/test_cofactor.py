@@ -242,8 +242,9 @@ def test_fast_penalty_equals_both_references_in_value_and_gradient(case, beta):
         out[method] = (p, g)
     # the minors' autograd is wrong where a minor is singular (a causal head's row 0: torch's
     # det backward gives 0 there); the finite-difference test below covers that row. With
-    # beta > 0 a causal head's KL gradient comes from the signs of round-off in its vanishing
-    # cofactors (c_i = 0 for i >= 1), which no two methods share: values only
+    # beta > 0 a causal head's KL gradient with respect to the zeros above the diagonal comes
+    # from the signs of round-off in its vanishing cofactors, which no two methods share (the
+    # softmax passes none of it to the logits: see the next-but-one test): values only
     refs = ("lu-autograd",) if case == "causal" else ("lu-autograd", "minors")
     for ref in ("lu-autograd", "minors"):
         torch.testing.assert_close(out["lu"][0], out[ref][0], rtol=1e-9, atol=1e-12)
@@ -266,6 +267,18 @@ def test_fast_penalty_gradient_of_a_causal_head_matches_finite_differences_of_th
             2 * h
         )
         assert abs(float(g[i, j]) - float(fd)) < 1e-6 * max(1.0, abs(float(fd))), (i, j)
+
+
+def test_kl_term_of_a_causal_head_is_minus_beta_n_minus_1_over_n_times_the_margin_term():
+    """pi = e_0: KL(u || pi) = (1 - 1/n) log c_0 + const, so with respect to the logits its
+    gradient is -beta (n - 1) / n times that of -log m = -log c_0 (up to terms of order
+    n eps / c_0)."""
+    n, beta = 10, 0.3
+    A = softmax_matrices(5, n, n, mask="causal", seed=4)
+    z = torch.log(A).requires_grad_(True)  # -inf above the diagonal
+    (g_m,) = torch.autograd.grad(cofactor_penalty(torch.softmax(z, -1), beta=0.0), z)
+    (g_b,) = torch.autograd.grad(cofactor_penalty(torch.softmax(z, -1), beta=beta), z)
+    torch.testing.assert_close(g_b - g_m, -beta * (n - 1) / n * g_m, rtol=1e-4, atol=1e-12)
 
 
 def test_fast_penalty_passes_gradcheck_with_the_kl_term():

@@ -379,3 +379,19 @@ def test_power_check_reports_the_bound_parameter_of_each_family():
     assert (t["delta (causal)"] < 1).all()  # every row attends to token 0
     assert t.loc[t.n == 12, "delta (banded)"].item() == 1.0  # no column within +-2 of every row
     assert (t["err - bound (max)"] <= 1e-14).all()
+
+
+def test_the_chapters_parameters_are_the_book_preset_so_the_stored_grid_is_found():
+    """results.stored_or_run loads results/cofactor/book only for exactly the grid asked for."""
+    import inspect
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "notebooks" / "06_cofactor_stability.py").read_text()
+    cell = text.split('# %% tags=["parameters"]')[1].split("# %%")[0]
+    params: dict = {}
+    exec(cell, {}, params)  # literal assignments only
+    defaults = {k: p.default for k, p in inspect.signature(exp.chapter_grid).parameters.items()}
+    book = {**defaults, **exp.PRESETS["book"]}
+    shared = {k: params[k] for k in book if k in params}
+    assert shared == {k: book[k] for k in shared}
+    assert len(shared) >= 15 and params["seeds"] == list(exp.BOOK_SEEDS)

@@ -39,6 +39,7 @@ __all__ = [
     "criteria_table",
     "derived_metrics",
     "grad_norm_matrix",
+    "history_matrix",
     "paired_effect",
     "summary_table",
     "training_scale",
@@ -230,3 +231,14 @@ def grad_norm_matrix(records: Sequence[dict[str, Any]]) -> np.ndarray:
     norms = [r["grad_norms"] for r in records]
     k = min(len(g) for g in norms)
     return np.array([g[:k] for g in norms], dtype=float)
+
+
+def history_matrix(records: Sequence[dict[str, Any]], column: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps (k,), values (n_seeds, k))`` of one column of the runs' logged history (the
+    ``"cofactor"`` diagnostic of the regularised heads at each log step, ``val_bpc``, ...), cut
+    to the log steps every run has."""
+    hist = [r["history"] for r in records]
+    k = min(len(h["step"]) for h in hist)
+    return np.asarray(hist[0]["step"][:k], dtype=float), np.array(
+        [h[column][:k] for h in hist], dtype=float
+    )
