@@ -186,7 +186,7 @@ C7 = "07_ssm_as_masked_attention"
 _R = "riemannian"
 SWEEP_FBT = "python -m attention_atlas sweep fiber-bundle --preset long"
 SWEEP_MAT = "python -m attention_atlas sweep matroidal --preset long"
-SWEEP_COF = "python -m attention_atlas sweep cofactor --preset long"
+SWEEP_COF = "python -m attention_atlas sweep cofactor --preset long --seeds 0 1 2 3 4"
 
 #: the register, in reading order
 CLAIMS: list[Claim] = [

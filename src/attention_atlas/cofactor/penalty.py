@@ -106,8 +106,7 @@ class FastPenalty(torch.autograd.Function):
         if dkl is not None:
             G = G - x.unsqueeze(-1) * y.transpose(-2, -1)  # (..., n, n)
         diag = G.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)  # (..., n, 1)
-        gA = diag - G
-        gA.diagonal(dim1=-2, dim2=-1).zero_()
+        gA = diag - G  # dA_ij = G_ii - G_ij; 0 on the diagonal (A_ii is not in M)
         return gA.to(dtype), None, None
 
 
