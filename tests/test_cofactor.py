@@ -15,6 +15,7 @@ from attention_atlas.cofactor import (
     cofactor_regularizer_from_probs,
     coupled_blocks,
     exact_cofactors,
+    head_probs,
     laplacian,
     left_perron_vector,
     lu_cofactors,
@@ -26,8 +27,10 @@ from attention_atlas.cofactor import (
     spectral_gap,
     stability_margin,
     stationary_distribution,
+    toward_reducible,
     validate_stochastic,
 )
+from attention_atlas.cofactor.penalty import FastPenalty, regularizer
 
 F64 = torch.float64
 
@@ -226,6 +229,98 @@ def test_penalty_passes_gradcheck_and_matches_the_minors_reference():
     torch.testing.assert_close(g_lu, g_mi, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+def test_fast_penalty_equals_both_references_in_value_and_gradient(case, beta):
+    """The hand-written backward (method "lu") against torch's autograd through the LU and
+    through the n minors, on every family (causal and nearly reducible included)."""
+    A = CASES[case]().clone().requires_grad_(True)
+    out = {}
+    for method in ("lu", "lu-autograd", "minors"):
+        p = cofactor_penalty(A, beta=beta, method=method, reduce="none")
+        (g,) = torch.autograd.grad(p.sum(), A)
+        out[method] = (p, g)
+    # the minors' autograd is wrong where a minor is singular (a causal head's row 0: torch's
+    # det backward gives 0 there); the finite-difference test below covers that row. With
+    # beta > 0 a causal head's KL gradient with respect to the zeros above the diagonal comes
+    # from the signs of round-off in its vanishing cofactors, which no two methods share (the
+    # softmax passes none of it to the logits: see the next-but-one test): values only
+    refs = ("lu-autograd",) if case == "causal" else ("lu-autograd", "minors")
+    for ref in ("lu-autograd", "minors"):
+        torch.testing.assert_close(out["lu"][0], out[ref][0], rtol=1e-9, atol=1e-12)
+    for ref in refs if not (case == "causal" and beta) else ():
+        scale = float(out[ref][1].abs().max())
+        torch.testing.assert_close(out["lu"][1], out[ref][1], rtol=1e-7, atol=1e-9 * scale)
+
+
+def test_fast_penalty_gradient_of_a_causal_head_matches_finite_differences_of_the_minors():
+    A = softmax_matrices(6, 6, mask="causal", seed=3)
+    A.requires_grad_(True)
+    (g,) = torch.autograd.grad(cofactor_penalty(A, beta=0.0), A)
+    A = A.detach()
+    h = 1e-6
+    for i, j in [(0, 2), (0, 5), (3, 1), (4, 5)]:
+        up, down = A.clone(), A.clone()
+        up[i, j] += h
+        down[i, j] -= h
+        fd = (cofactor_penalty(up, method="minors") - cofactor_penalty(down, method="minors")) / (
+            2 * h
+        )
+        assert abs(float(g[i, j]) - float(fd)) < 1e-6 * max(1.0, abs(float(fd))), (i, j)
+
+
+def test_kl_term_of_a_causal_head_is_minus_beta_n_minus_1_over_n_times_the_margin_term():
+    """pi = e_0: KL(u || pi) = (1 - 1/n) log c_0 + const, so with respect to the logits its
+    gradient is -beta (n - 1) / n times that of -log m = -log c_0 (up to terms of order
+    n eps / c_0)."""
+    n, beta = 10, 0.3
+    A = softmax_matrices(5, n, n, mask="causal", seed=4)
+    z = torch.log(A).requires_grad_(True)  # -inf above the diagonal
+    (g_m,) = torch.autograd.grad(cofactor_penalty(torch.softmax(z, -1), beta=0.0), z)
+    (g_b,) = torch.autograd.grad(cofactor_penalty(torch.softmax(z, -1), beta=beta), z)
+    torch.testing.assert_close(g_b - g_m, -beta * (n - 1) / n * g_m, rtol=1e-4, atol=1e-12)
+
+
+def test_fast_penalty_passes_gradcheck_with_the_kl_term():
+    A = softmax_matrices(2, 5, 5, seed=8).requires_grad_(True)
+    for beta, eps in [(0.0, 1e-8), (0.7, 1e-8), (0.7, 1e-2)]:
+        assert torch.autograd.gradcheck(
+            lambda a, b=beta, e=eps: FastPenalty.apply(a, b, e)[0], (A,)
+        )
+
+
+def test_fast_penalty_takes_the_reference_path_for_singular_matrices():
+    """Two closed classes: m = 0 and every cofactor 0; the penalty is -log(eps) + beta KL(u||u)."""
+    a, b = softmax_matrices(3, 3, seed=5), softmax_matrices(4, 4, seed=6)
+    A = torch.stack([torch.block_diag(a, b), softmax_matrices(7, 7, seed=1)]).requires_grad_(True)
+    loss, singular = FastPenalty.apply(A, 0.2, 1e-8)
+    assert singular.tolist() == [True, False]
+    p = cofactor_penalty(A, beta=0.2, reduce="none")
+    assert abs(float(p[0].detach()) + math.log(1e-8)) < 1e-6
+    torch.testing.assert_close(p, cofactor_penalty(A, beta=0.2, method="minors", reduce="none"))
+    (g,) = torch.autograd.grad(p.sum(), A)
+    assert torch.isfinite(g).all()
+
+
+def test_margin_of_a_row_stochastic_matrix_is_positive_so_the_fast_path_takes_log_m():
+    """Matrix-tree theorem: every c_i is a sum of products of nonnegative weights, so m >= 0."""
+    for kind in FAMILIES:
+        A = softmax_family(kind, 9, 6, seed=4)
+        res = lu_cofactors(A)
+        assert (res.sign > 0).all() and (res.cofactors >= -1e-15).all(), kind
+
+
+def test_fast_penalty_of_float32_probabilities_matches_float64_and_returns_float32_gradients():
+    A64 = softmax_matrices(3, 8, 8, seed=2)
+    A32 = A64.float().requires_grad_(True)
+    p32 = cofactor_penalty(A32, beta=0.1)
+    (g32,) = torch.autograd.grad(p32, A32)
+    A = A32.detach().double().requires_grad_(True)
+    (g64,) = torch.autograd.grad(cofactor_penalty(A, beta=0.1, method="minors"), A)
+    assert p32.dtype == F64 and g32.dtype == torch.float32
+    torch.testing.assert_close(g32.double(), g64, rtol=1e-5, atol=1e-6)
+
+
 def test_penalty_value_is_the_seed_formula():
     A = softmax_matrices(4, 5, 5, seed=7)
     c = principal_cofactors(A, "minors")
@@ -370,3 +465,83 @@ def test_exact_reference_agrees_with_both_methods_on_well_conditioned_input():
     torch.testing.assert_close(
         exact_cofactors(torch.ones(1, 1, dtype=F64)), torch.ones(1, dtype=F64)
     )
+
+
+# -- the regulariser's probabilities: recomputed for the chosen heads only ---------------------
+
+
+def _model(task: str, attention: str = "dot"):
+    from attention_atlas.models import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    if task == "lm":
+        cfg = ModelConfig(task="lm", vocab_size=11, dim=16, n_layers=3, n_heads=4, max_len=9,
+                          attention=attention)  # fmt: skip
+        x = torch.randint(0, 11, (3, 9))
+    else:
+        cfg = ModelConfig(task="classify", patch_dim=4, n_classes=3, dim=16, n_layers=3,
+                          n_heads=4, max_len=7, attention=attention)  # fmt: skip
+        x = torch.randn(3, 7, 4, dtype=F64)
+    return Transformer(cfg).double(), x
+
+
+@pytest.mark.parametrize(("task", "attention"), [("lm", "dot"), ("classify", "dot"),
+                                                 ("classify", "euclidean")])  # fmt: skip
+def test_head_probs_equal_the_explicit_paths_probabilities(task, attention):
+    model, x = _model(task, attention)
+    explicit = [a.probs for a in model(x, need_weights=True).attentions]
+    out = model(x)  # the fast forward: no probabilities
+    assert all(a.probs is None for a in out.attentions)
+    for heads, idx in [(1, [0]), (2, [0, 1]), ([1, 3], [1, 3]), ([2], [2])]:
+        for layers in (None, [0, 2]):
+            got = head_probs(model, out, layers=layers, heads=heads, max_items=2)
+            ls = [0, 1, 2] if layers is None else layers
+            ref = torch.stack([explicit[li][:2, idx] for li in ls])
+            torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("task", ["lm", "classify"])
+def test_regularizer_from_recomputed_heads_equals_the_one_from_explicit_probabilities(task):
+    """Same value and the same gradient for every parameter, whichever way the probabilities
+    come (float64 model)."""
+    model, x = _model(task)
+    params = list(model.parameters())
+    vals, grads = [], []
+    for weights in (True, False):
+        out = model(x, need_weights=weights)
+        r = regularizer(model, out, None, heads=2, beta=0.1)
+        vals.append(r)
+        grads.append(torch.autograd.grad(r, params, allow_unused=True))
+    torch.testing.assert_close(vals[0], vals[1], rtol=1e-12, atol=0)
+    for a, b in zip(*grads):
+        if a is None:
+            assert b is None
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9 * float(a.abs().max()) + 1e-15)
+
+
+def test_head_probs_name_what_they_need():
+    model, x = _model("classify")
+    with pytest.raises(ValueError, match="hidden states"):
+        head_probs(model, object())
+    with pytest.raises(ValueError, match="head indices"):
+        head_probs(model, model(x), heads=[7])
+    with pytest.raises(ValueError, match="out of range"):
+        head_probs(model, model(x), layers=[5])
+
+
+def test_toward_reducible_reaches_its_three_targets():
+    blocks = toward_reducible("two closed blocks", 0.0, 8)
+    assert float(stability_margin(blocks)) == 0.0
+    absorbing = toward_reducible("an absorbing token", 1e-12, 8)
+    pi = stationary_distribution(absorbing)
+    assert float(pi[0]) > 1 - 1e-9 and float(stability_margin(absorbing)) > 1e-2
+    cycle = toward_reducible("a cycle", 0.0, 8)
+    assert (
+        abs(float(stability_margin(cycle)) - 8) < 1e-9 and abs(float(spectral_gap(cycle))) < 1e-12
+    )
+    for t in ("two closed blocks", "an absorbing token", "a cycle"):
+        A = toward_reducible(t, 0.3, 8)
+        torch.testing.assert_close(A.sum(-1), torch.ones(8, dtype=F64))
+    with pytest.raises(ValueError, match="target"):
+        toward_reducible("a star", 0.1)

@@ -186,7 +186,7 @@ C7 = "07_ssm_as_masked_attention"
 _R = "riemannian"
 SWEEP_FBT = "python -m attention_atlas sweep fiber-bundle --preset long"
 SWEEP_MAT = "python -m attention_atlas sweep matroidal --preset long"
-SWEEP_COF = "python -m attention_atlas sweep cofactor --preset long"
+SWEEP_COF = "python -m attention_atlas sweep cofactor --preset long --seeds 0 1 2 3 4"
 
 #: the register, in reading order
 CLAIMS: list[Claim] = [
@@ -545,9 +545,8 @@ CLAIMS: list[Claim] = [
         "hypothesis",
         "The cofactor diagnostics apply to decoder (causal) heads as well as encoder heads.",
         C6,
-        "6. The seed's experiment: runs",
+        "Causal attention: token 0 absorbs all the mass",
         "cofactor",
-        SWEEP_COF,
     ),
     _c(
         "cofactor/disconnected",
@@ -555,7 +554,7 @@ CLAIMS: list[Claim] = [
         "hypothesis",
         "The regulariser gives fewer nearly disconnected heads than baseline attention.",
         C6,
-        "Do the seed's success criteria hold at this scale?",
+        "7. Verdicts on the seed's success criteria",
         "cofactor",
         SWEEP_COF,
     ),
@@ -565,7 +564,7 @@ CLAIMS: list[Claim] = [
         "hypothesis",
         "The regulariser gives lower gradient spikes than baseline attention.",
         C6,
-        "Do the seed's success criteria hold at this scale?",
+        "7. Verdicts on the seed's success criteria",
         "cofactor",
         SWEEP_COF,
     ),
@@ -575,7 +574,7 @@ CLAIMS: list[Claim] = [
         "hypothesis",
         "The regulariser keeps equal or better validation accuracy.",
         C6,
-        "Do the seed's success criteria hold at this scale?",
+        "7. Verdicts on the seed's success criteria",
         "cofactor",
         SWEEP_COF,
     ),

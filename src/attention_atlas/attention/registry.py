@@ -68,7 +68,7 @@ VARIANTS: dict[str, str] = {
 #: spec's ``weight``); with ``needs_weights`` the training forward runs with
 #: ``need_weights=True`` so that ``output.attentions[l].probs`` exist.
 REGULARIZERS: dict[str, tuple[str, bool]] = {
-    "cofactor": ("attention_atlas.cofactor.penalty:regularizer", True),
+    "cofactor": ("attention_atlas.cofactor.penalty:regularizer", False),
     "fiber_bundle": (
         "attention_atlas.attention.riemannian.regularizers:fiber_bundle_regularizer",
         False,

@@ -7,7 +7,10 @@ One module per responsibility:
   ``"lu"``, ``"power"``): :func:`principal_cofactors`, :func:`stability_margin`,
   :func:`stationary_distribution`;
 * :mod:`~attention_atlas.cofactor.penalty`: the regulariser ``-log(|m| + eps) + beta KL(u || pi)``
-  (:func:`cofactor_penalty`) and the harness's ``"cofactor"`` regulariser;
+  (:func:`cofactor_penalty`, with a hand-written backward) and the harness's ``"cofactor"``
+  regulariser;
+* :mod:`~attention_atlas.cofactor.heads`: the probabilities of chosen layers and heads (given,
+  or recomputed from the layers' inputs so the training forward stays on SDPA);
 * :mod:`~attention_atlas.cofactor.diagnostics`: :func:`spectral_gap`, :func:`cofactor_diagnostics`
   and the harness's ``"cofactor"`` diagnostic;
 * :mod:`~attention_atlas.cofactor.references`: independent references (50-digit cofactors,
@@ -31,6 +34,7 @@ from .cofactors import (
     validate_stochastic,
 )
 from .diagnostics import cofactor_diagnostics, spectral_gap
+from .heads import head_probs
 from .penalty import cofactor_flops, cofactor_penalty, cofactor_regularizer_from_probs
 from .references import (
     FAMILIES,
@@ -40,6 +44,7 @@ from .references import (
     nonzero_eigen_product,
     softmax_family,
     softmax_matrices,
+    toward_reducible,
 )
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "cofactor_regularizer_from_probs",
     "coupled_blocks",
     "exact_cofactors",
+    "head_probs",
     "laplacian",
     "left_perron_vector",
     "lu_cofactors",
@@ -63,5 +69,6 @@ __all__ = [
     "spectral_gap",
     "stability_margin",
     "stationary_distribution",
+    "toward_reducible",
     "validate_stochastic",
 ]

@@ -163,32 +163,41 @@ class CofactorResult:
         return self.margin.unsqueeze(-1) * self.x
 
 
-def _shifted_laplacian(A: Tensor) -> Tensor:
+def _shifted_laplacian(A: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """``M = L + 1 1^T / n`` with ``L`` as :func:`laplacian` (off-diagonal row sums on the
-    diagonal), built in four passes: ``M = 1/n - offdiag(A)``, then ``M_ii += sum_{j != i} A_ij``."""
+    diagonal), in ``dtype`` (default ``A``'s), built in place on one copy of ``A``:
+    ``M = 1/n - offdiag(A)``, then ``M_ii += sum_{j != i} A_ij``."""
     n = A.shape[-1]
-    eye = torch.eye(n, dtype=torch.bool, device=A.device)
-    off = A.masked_fill(eye, 0.0)  # (..., n, n)
-    M = (1.0 / n) - off  # every entry of L + J/n off the diagonal; 1/n on it
-    M.diagonal(dim1=-2, dim2=-1).add_(off.sum(-1))
+    M = A.to(dtype or A.dtype, copy=True)
+    M.diagonal(dim1=-2, dim2=-1).zero_()  # offdiag(A), (..., n, n)
+    rows = M.sum(-1)  # sum_{j != i} A_ij
+    M.neg_().add_(1.0 / n)  # every entry of L + J/n off the diagonal; 1/n on it
+    M.diagonal(dim1=-2, dim2=-1).add_(rows)
     return M
+
+
+def _lu_logdet(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """LU of ``M (..., n, n)``: ``(LU, pivots, log|det|, numerically singular)``.
+
+    Numerically singular: a pivot below ``n eps`` times the largest (``rank L < n - 1`` to
+    working precision), a non-finite pivot, or a failed factorisation."""
+    n = M.shape[-1]
+    LU, piv, info = torch.linalg.lu_factor_ex(M)  # (..., n, n), (..., n)
+    piv_abs = LU.diagonal(dim1=-2, dim2=-1).abs()  # (..., n)
+    with torch.no_grad():
+        lo, hi = piv_abs.aminmax(dim=-1)  # NaN pivots give NaN: not finite, and singular
+        singular = (info != 0) | ~(lo > n * torch.finfo(M.dtype).eps * hi) | ~torch.isfinite(hi)
+    return LU, piv, piv_abs.log().sum(-1), singular
 
 
 def _lu_parts(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """LU of ``M (..., n, n)``: ``(LU, pivots, sign det, log|det|, numerically singular)``."""
     n = M.shape[-1]
-    LU, piv, info = torch.linalg.lu_factor_ex(M)  # (..., n, n), (..., n)
-    diag = LU.diagonal(dim1=-2, dim2=-1)  # (..., n)
+    LU, piv, logabsdet, singular = _lu_logdet(M)
     ar = torch.arange(1, n + 1, device=M.device, dtype=piv.dtype)
     n_swaps = (piv != ar).sum(-1)
-    sign = (1.0 - 2.0 * (n_swaps % 2).to(M.dtype)) * torch.sign(diag.detach()).prod(-1)
-    with torch.no_grad():
-        # numerically singular: a pivot below n * eps * the largest pivot (rank L < n - 1 to
-        # working precision), a non-finite pivot, or a failed factorisation
-        piv_abs = diag.abs()
-        tiny = piv_abs.amin(-1) <= n * torch.finfo(M.dtype).eps * piv_abs.amax(-1)
-        singular = (info != 0) | tiny | ~torch.isfinite(piv_abs).all(-1)
-    logabsdet = diag.abs().log().sum(-1)
+    diag = LU.diagonal(dim1=-2, dim2=-1).detach()
+    sign = (1.0 - 2.0 * (n_swaps % 2).to(M.dtype)) * torch.sign(diag).prod(-1)
     return LU, piv, sign, logabsdet, singular
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .cofactors import lu_cofactors
-from .penalty import attention_probs, select_heads
+from .heads import attention_probs, select_heads
 
 __all__ = ["cofactor_diagnostics", "diagnostic", "spectral_gap"]
 

@@ -4,8 +4,23 @@
 cofactors from one LU each, see :mod:`attention_atlas.cofactor.cofactors`);
 :func:`cofactor_regularizer_from_probs` applies it to chosen layers and heads of a model's
 attention probabilities; :func:`regularizer` is the training harness's ``"cofactor"`` entry
-(registered in :mod:`attention_atlas.attention.registry`); :func:`cofactor_flops` estimates what
-the term costs, which a FLOP counter cannot see (LAPACK's LU has no formula there).
+(registered in :mod:`attention_atlas.attention.registry`), which recomputes the probabilities
+of the chosen heads only (:func:`~attention_atlas.cofactor.heads.head_probs`);
+:func:`cofactor_flops` counts what the term costs, which a FLOP counter cannot see (LAPACK's LU
+has no formula there).
+
+**The fast path** (``method="lu"``). With ``M = L + 1 1^T / n`` (``L`` the Laplacian of ``A``),
+one LU gives ``log|m| = log|det M|`` and ``x = M^{-T} w`` (``w = 1 / n``; ``c = m x``). Their
+gradients are written out (:class:`FastPenalty`) instead of differentiating the factorisation:
+
+    d log|det M| = tr(M^{-1} dM)             ->  G  = g_logm M^{-T}
+    M^T x = w  =>  dx = -M^{-T} dM^T x       ->  G -= x (M^{-1} g_x)^T
+
+so the backward is one inverse from the stored LU (``n`` right-hand sides) and a rank-one
+update, and ``dM/dA`` (``M_ij = 1/n - A_ij`` off the diagonal, ``M_ii = 1/n + sum_{j != i}
+A_ij``) gives ``dA_ij = G_ii - G_ij`` (``i != j``), ``dA_ii = 0``. ``method="lu-autograd"``
+differentiates the same LU with torch's autograd (the previous implementation, kept as a
+reference); ``"minors"`` is the ``O(n^4)`` reference.
 """
 
 from __future__ import annotations
@@ -16,17 +31,95 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
 
-from .cofactors import _minors_cofactors, _with_fallback, lu_cofactors
+from .cofactors import (
+    _lu_logdet,
+    _minors_cofactors,
+    _shifted_laplacian,
+    _with_fallback,
+    lu_cofactors,
+)
+from .heads import attention_probs, head_probs, select_heads
 
 __all__ = [
-    "attention_probs",
+    "PENALTY_METHODS",
+    "FastPenalty",
     "cofactor_flops",
     "cofactor_penalty",
     "cofactor_regularizer_from_probs",
     "regularizer",
-    "select_heads",
 ]
+
+#: methods of :func:`cofactor_penalty`
+PENALTY_METHODS = ("lu", "lu-autograd", "minors")
+
+
+class FastPenalty(torch.autograd.Function):
+    """The per-matrix penalty ``-log(m + eps) + beta KL(u || pi)`` of ``A (..., n, n)`` and the
+    ``singular`` flags, from one LU of ``M = L + 1 1^T / n`` (float64), with the backward of the
+    module docstring written out: ``(loss (...), singular (...))``, the gradient in ``A``'s dtype.
+
+    ``det M = m = sum_i c_i >= 0`` for row-stochastic ``A``: by the matrix-tree theorem each
+    ``c_i`` is a sum over spanning trees of products of nonnegative weights, so ``log|det M|``
+    is ``log m`` wherever ``M`` is not numerically singular. Matrices flagged ``singular`` have
+    meaningless values and gradients: the caller replaces them (:func:`cofactor_penalty` does).
+
+    With ``p_i = max(m x_i, 0) + eps``, ``S = sum_i p_i``: ``KL = log S - mean_i log p_i -
+    log n``, ``dKL/dc_i = (1/S - 1/(n p_i)) [c_i > 0]``, ``c = m x``; so ``dloss/dlog m = m
+    (-1/(m + eps) + beta x . dKL/dc)`` and ``dloss/dx = beta m dKL/dc``.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, A: Tensor, beta: float, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        n = A.shape[-1]
+        LU, piv, logm, singular = _lu_logdet(_shifted_laplacian(A, torch.float64))
+        w = torch.full((*A.shape[:-1], 1), 1.0 / n, dtype=LU.dtype, device=A.device)
+        x = torch.linalg.lu_solve(LU, piv, w, adjoint=True).squeeze(-1)  # M^T x = w, (..., n)
+        m = logm.exp()
+        loss = -torch.log(m + eps)  # the seed's -log(|m| + eps), m > 0
+        dkl = None
+        if beta:
+            c = m.unsqueeze(-1) * x  # (..., n)
+            pos = c.clamp_min(0.0) + eps
+            total = pos.sum(-1, keepdim=True)
+            loss = loss + beta * (total.squeeze(-1).log() - pos.log().mean(-1) - math.log(n))
+            dkl = (total.reciprocal() - (n * pos).reciprocal()).masked_fill_(c <= 0, 0.0)
+        ctx.save_for_backward(LU, piv, x, m, dkl)  # type: ignore[arg-type]
+        ctx.consts = (beta, eps, A.dtype)  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(singular)
+        return loss, singular
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, g: Tensor, _: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        LU, piv, x, m, dkl = ctx.saved_tensors  # type: ignore[attr-defined]
+        beta, eps, dtype = ctx.consts  # type: ignore[attr-defined]
+        g_logm = -g * m / (m + eps)  # (...)
+        if dkl is not None:
+            gm = (g * beta * m).unsqueeze(-1)
+            g_logm = g_logm + gm.squeeze(-1) * (dkl * x).sum(-1)
+            y = torch.linalg.lu_solve(LU, piv, (gm * dkl).unsqueeze(-1))  # M y = g_x, (..., n, 1)
+        # G = g_logm M^{-T} - x y^T; dA_ij = G_ii - G_ij (i != j). X = g_logm M^{-1}, one solve
+        X = torch.linalg.lu_solve(LU, piv, torch.diag_embed(g_logm.unsqueeze(-1).expand_as(x)))
+        G = X.transpose(-2, -1)
+        if dkl is not None:
+            G = G - x.unsqueeze(-1) * y.transpose(-2, -1)  # (..., n, n)
+        diag = G.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)  # (..., n, 1)
+        gA = diag - G  # dA_ij = G_ii - G_ij; 0 on the diagonal (A_ii is not in M)
+        return gA.to(dtype), None, None
+
+
+def _lu_autograd(A64: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log|m|, c)`` by :func:`lu_cofactors` under torch's autograd, the minors for singular
+    matrices."""
+    res = lu_cofactors(A64)
+    c = _with_fallback(A64, res.cofactors, res.singular)
+    logabs = res.logabsdet
+    if bool(res.singular.any()):
+        tiny = torch.finfo(torch.float64).tiny
+        logabs = torch.where(res.singular, c.sum(-1).abs().clamp_min(tiny).log(), logabs)
+    return logabs, c
 
 
 def cofactor_penalty(
@@ -50,66 +143,42 @@ def cofactor_penalty(
         A: ``(..., n, n)`` row-stochastic (not validated: the caller produced it by a softmax).
         beta: weight of the KL term.
         eps: the seed's epsilon.
-        method: ``"lu"`` (default) or ``"minors"`` (the reference).
+        method: ``"lu"`` (default: the fast path of the module docstring; a batch with a
+            numerically singular matrix takes ``"lu-autograd"``), ``"lu-autograd"`` or
+            ``"minors"`` (the reference).
         reduce: ``"mean"`` over matrices (scalar), or ``"none"`` (shape ``(...)``).
     """
-    if method not in ("lu", "minors"):
-        raise ValueError(
-            f"the penalty needs exact cofactors: method 'lu' or 'minors', got {method!r}"
-        )
-    A64 = A.to(torch.float64)
-    n = A64.shape[-1]
+    if method not in PENALTY_METHODS:
+        raise ValueError(f"the penalty needs exact cofactors: method one of {PENALTY_METHODS}, "
+                         f"got {method!r}")  # fmt: skip
+    if reduce not in ("mean", "none"):
+        raise ValueError(f"reduce must be 'mean' or 'none', got {reduce!r}")
+    n = A.shape[-1]
     if method == "lu":
-        res = lu_cofactors(A64)
-        singular = res.singular
-        logabs = res.logabsdet
-        c = _with_fallback(A64, res.cofactors, singular)
-        if bool(singular.any()):
-            tiny = torch.finfo(torch.float64).tiny
-            logabs = torch.where(singular, c.sum(-1).abs().clamp_min(tiny).log(), logabs)
+        loss, singular = FastPenalty.apply(A, float(beta), float(eps))
+        if not bool(singular.any()):
+            return loss.mean() if reduce == "mean" else loss
+        method = "lu-autograd"  # rare: rank L < n - 1 to working precision
+    if method == "lu-autograd":
+        logabs, c = _lu_autograd(A.to(torch.float64))
     else:
-        c = _minors_cofactors(A64)
+        c = _minors_cofactors(A.to(torch.float64))
         logabs = c.sum(-1).abs().clamp_min(torch.finfo(torch.float64).tiny).log()
     log_eps = torch.full_like(logabs, math.log(eps))
-    margin_term = -torch.logaddexp(logabs, log_eps)  # -log(|m| + eps)  (seed's penalty)
-    loss = margin_term
+    loss = -torch.logaddexp(logabs, log_eps)  # -log(|m| + eps)  (seed's penalty)
     if beta:
         pos = c.clamp_min(0.0) + eps
         log_pi = pos.log() - pos.sum(-1, keepdim=True).log()
         kl = -math.log(n) - log_pi.mean(-1)  # KL(u || pi) = sum u (log u - log pi)
         loss = loss + beta * kl
-    if reduce == "mean":
-        return loss.mean()
-    if reduce == "none":
-        return loss
-    raise ValueError(f"reduce must be 'mean' or 'none', got {reduce!r}")
+    return loss.mean() if reduce == "mean" else loss
 
 
-def select_heads(
-    probs: Sequence[Tensor | None], layers: Sequence[int] | None, heads: Sequence[int] | int | None
-) -> list[Tensor]:
-    """Pick ``(B, h, L, L)`` slices of the chosen layers and heads from per-layer probabilities."""
-    n_layers = len(probs)
-    chosen = range(n_layers) if layers is None else layers
-    out = []
-    for li in chosen:
-        if not -n_layers <= li < n_layers:
-            raise ValueError(f"layer index {li} out of range for {n_layers} layers")
-        p = probs[li]
-        if p is None:
-            raise ValueError(
-                f"layer {li} returned no attention probabilities; the cofactor terms need "
-                "need_weights=True and a variant that materialises its probabilities"
-            )
-        h = p.shape[1]
-        if heads is None:
-            idx = list(range(h))
-        elif isinstance(heads, int):
-            idx = list(range(min(heads, h)))
-        else:
-            idx = list(heads)
-        out.append(p[:, idx])
-    return out
+def _penalty_of_heads(sel: Sequence[Tensor], **options: Any) -> Tensor:
+    """The mean penalty over every matrix of ``sel`` (a list of ``(B, h, n, n)``), in one call."""
+    n = sel[0].shape[-1]
+    stacked = torch.cat([p.reshape(-1, n, n) for p in sel])  # (sum B h, n, n)
+    return cofactor_penalty(stacked, **options)
 
 
 def cofactor_regularizer_from_probs(
@@ -136,32 +205,46 @@ def cofactor_regularizer_from_probs(
     sel = select_heads(probs, layers, heads)
     if max_items is not None:
         sel = [p[:max_items] for p in sel]
-    n = sel[0].shape[-1]
-    # one batched call for every selected (layer, item, head): (sum B h, n, n)
-    stacked = torch.cat([p.reshape(-1, n, n) for p in sel])
-    return cofactor_penalty(stacked, beta=beta, eps=eps, method=method)
+    return _penalty_of_heads(sel, beta=beta, eps=eps, method=method)
 
 
-def attention_probs(output: Any) -> list[Tensor | None]:
-    """Per-layer probabilities from a model output with ``attentions`` (list of AttentionResult)."""
-    atts = getattr(output, "attentions", None)
-    if atts is None:
-        raise ValueError("model output has no 'attentions'; run the model with need_weights=True")
-    return [getattr(a, "probs", None) for a in atts]
+def regularizer(
+    model: Any,
+    output: Any,
+    batch: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = 1,
+    beta: float = 0.0,
+    eps: float = 1e-8,
+    method: str = "lu",
+    max_items: int | None = None,
+) -> Tensor:
+    """Harness regulariser ``"cofactor"``: the mean penalty over the chosen layers and heads
+    (default: the first head of each layer). The probabilities are the output's when the
+    forward returned them (``need_weights=True``), else those of the chosen heads recomputed
+    from the layers' inputs (:func:`~attention_atlas.cofactor.heads.head_probs`), so the
+    training forward stays on the fused kernel. Options as
+    :func:`cofactor_regularizer_from_probs`."""
+    opts: dict[str, Any] = {"beta": beta, "eps": eps, "method": method}
+    probs = attention_probs(output)
+    if all(p is not None for p in probs):
+        return cofactor_regularizer_from_probs(
+            probs, layers=layers, heads=heads, max_items=max_items, **opts
+        )
+    probs_sel = head_probs(model, output, layers=layers, heads=heads, max_items=max_items)
+    n = probs_sel.shape[-1]
+    return cofactor_penalty(probs_sel.reshape(-1, n, n), **opts)
 
 
 def cofactor_flops(n: int) -> int:
-    """Estimated FLOPs of the cofactor term for one ``n x n`` matrix, forward and backward.
+    """FLOPs of the cofactor term for one ``n x n`` matrix, forward and backward, as
+    :class:`FastPenalty` computes it.
 
-    One LU (``2 n^3 / 3``) and one pair of triangular solves (``2 n^2``) forward; backward taken
-    as twice the forward (the usual rule), so ``2 n^3 + 6 n^2``. An estimate:
+    Forward: one LU (``2 n^3 / 3``) and one pair of triangular solves (``2 n^2``). Backward:
+    ``M^{-T}`` from the stored LU (``n`` right-hand sides, ``2 n^2`` each: ``2 n^3``), then
+    ``M^{-1} g_x`` (``2 n^2``) and the rank-one update and ``dA`` (``5 n^2``). In all
+    ``8 n^3 / 3 + 9 n^2`` (rounded down). Counted by hand:
     :class:`torch.utils.flop_counter.FlopCounterMode` has no formula for LAPACK's LU.
     """
-    return 2 * n**3 + 6 * n**2
-
-
-def regularizer(model: Any, output: Any, batch: Any, **options: Any) -> Tensor:
-    """Harness regulariser ``"cofactor"``: :func:`cofactor_regularizer_from_probs` on the
-    probabilities of ``output.attentions``. Options: ``layers``, ``heads`` (default 1: the
-    first head of each layer), ``beta``, ``eps``, ``method``, ``max_items``."""
-    return cofactor_regularizer_from_probs(attention_probs(output), **options)
+    return (8 * n**3) // 3 + 9 * n**2

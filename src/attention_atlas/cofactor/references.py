@@ -32,11 +32,14 @@ __all__ = [
     "nonzero_eigen_product",
     "softmax_family",
     "softmax_matrices",
+    "toward_reducible",
 ]
 
 F64 = torch.float64
 #: the matrix families of :func:`softmax_family`
 FAMILIES = ("random", "banded", "causal", "nearly_reducible")
+#: the targets of :func:`toward_reducible`
+TARGETS = ("two closed blocks", "an absorbing token", "a cycle")
 #: softmax temperatures of the "random" family, cycled over the matrices of a batch
 RANDOM_SCALES = (0.5, 2.0, 5.0)
 
@@ -110,6 +113,35 @@ def softmax_family(kind: str, n: int, count: int, seed: int = 0, coupling: float
     if kind == "nearly_reducible":
         return coupled_blocks(n // 2, n - n // 2, coupling, count, seed)
     raise ValueError(f"kind must be one of {FAMILIES}, got {kind!r}")
+
+
+def toward_reducible(target: str, eps: float, n: int = 12, seed: int = 0) -> Tensor:
+    """``A(eps) = eps A_0 + (1 - eps) R (n, n)``: a dense softmax matrix ``A_0`` (irreducible)
+    moved toward a target ``R`` as ``eps -> 0`` (one of :data:`TARGETS`):
+
+    * ``"two closed blocks"``: ``R`` = two softmax blocks of ``n / 2`` tokens that never attend
+      to each other (two closed classes: ``rank L = n - 2`` at ``eps = 0``, every cofactor 0);
+    * ``"an absorbing token"``: ``R`` = ``A_0`` with token 0 attending only to itself (one
+      closed class ``{0}``: ``rank L = n - 1`` still, ``c -> c_0 e_0``, like a causal head);
+    * ``"a cycle"``: ``R`` = the cyclic shift, token ``i`` attending to ``i + 1`` (irreducible
+      but periodic: the spectral gap closes while the margin grows to ``n``).
+    """
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"eps must be in [0, 1], got {eps}")
+    A0 = softmax_matrices(n, n, seed=seed)
+    if target == "two closed blocks":
+        h = n // 2
+        R = torch.block_diag(softmax_matrices(h, h, seed=seed + 1),
+                             softmax_matrices(n - h, n - h, seed=seed + 2))  # fmt: skip
+    elif target == "an absorbing token":
+        R = A0.clone()
+        R[0] = 0.0
+        R[0, 0] = 1.0
+    elif target == "a cycle":
+        R = torch.roll(torch.eye(n, dtype=F64), 1, dims=1)
+    else:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    return eps * A0 + (1 - eps) * R
 
 
 def nonzero_eigen_product(A: Tensor) -> Tensor:

@@ -5,7 +5,9 @@ on two tasks, each without and with the ``"cofactor"`` regulariser
 (:mod:`attention_atlas.cofactor.penalty`, ``alpha * (-log(|m| + eps) + beta KL(u || pi))`` on the
 first ``reg_heads`` head(s) of every layer):
 
-* ``lm_*``: WikiText-2 language modelling (causal; ``lm_level`` ``"char"`` or ``"word"``);
+* ``lm_*``: WikiText-2 language modelling (causal) at character level (``lm_level``, a fixed
+  parameter: at word level the 33,278-word softmax, not attention, would dominate the step of
+  a model this small);
 * ``digits_*``: scikit-learn's 8x8 digits as sixteen 2x2 patch tokens (bidirectional).
 
 **Equal training FLOPs.** :func:`training_flops` counts a baseline step with
@@ -15,13 +17,13 @@ arm gets ``round(steps * base / (base + extra))`` steps (:func:`chapter_grid`).
 
 Per run (:func:`run_cell`): validation loss and accuracy, the gradient-norm statistics of
 :func:`grad_stats` (from the harness's per-step callback), and the cofactor diagnostics of the
-regularised heads and of all heads on ``probe_items`` validation sequences. The analysis
-(:func:`summary_table`, :func:`criteria`) pairs the arms by seed. The timing helpers of the
-chapter (:func:`lm_step_seconds`, :func:`regularizer_overhead`) go through
-:func:`attention_atlas.bench.compare`.
+regularised heads and of all heads on ``probe_items`` validation sequences. The verdicts are in
+:mod:`.cofactor_analysis`, the timings in :mod:`.cofactor_timing`, the numerical checks in
+:mod:`.cofactor_numerics`; :func:`outcomes` gives the claims register every cofactor claim.
 
 ``python -m attention_atlas sweep cofactor --preset book`` runs the grid (resumable: a finished
-cell is never re-run).
+cell is never re-run) into ``results/cofactor/book``; ``--preset long`` is the grid sized for
+the real answer (:data:`PRESETS`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,45 +39,48 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..bench import compare
-from ..cofactor import cofactor_diagnostics, cofactor_flops, cofactor_regularizer_from_probs
+from ..claims import Outcome
+from ..cofactor import cofactor_diagnostics, cofactor_flops
 from ..data import ArrayTask, TextCorpus, load_digits_patches, load_wikitext2
 from ..models import ModelConfig, Transformer
-from ..stats import Interval, mean_interval, paired_difference
+from ..results import Grid
 from ..train import TrainConfig, measure_flops, train
+from .cofactor_analysis import ARMS, TASKS, claim_outcome, criteria
 
 __all__ = [
-    "CRITERIA",
     "PRESETS",
-    "SUMMARY_METRICS",
-    "Criterion",
     "chapter_grid",
-    "criteria",
-    "criteria_table",
     "flops_table",
-    "grad_norm_matrix",
+    "grid_configs",
     "grad_stats",
-    "lm_step_seconds",
-    "paired_effect",
     "load_task",
-    "regularizer_overhead",
+    "outcomes",
     "run_cell",
-    "summary_table",
+    "stored_grid",
     "training_flops",
 ]
 
-#: parameter sets of ``python -m attention_atlas sweep cofactor --preset NAME``
+#: parameter sets of ``python -m attention_atlas sweep cofactor --preset NAME``: ``book`` is
+#: :func:`chapter_grid`'s defaults (the chapter's parameters; its results are stored in
+#: ``results/cofactor/book``); ``long`` is the grid sized for the real answer, run with
+#: ``--seeds 0 1 2 3 4``: width 128, 8 heads, windows of 64 characters, 3,000 steps. Sized by
+#: one-seed runs of 1,000 steps at that shape: the regulariser acts within the first 100 steps
+#: (log-margin of the regularised LM heads -0.26 against -3.4), the baseline's nearly
+#: disconnected heads appear from about step 200 (LM) and 300 (digits), and the baseline's
+#: LM margin and validation loss still fall at step 1,000 (2.53 bpc), so three times that.
+#: Estimated cost, from the CPU time of short runs at that shape (one thread, this 2-core
+#: machine): 2.6 CPU-hours for the 20 runs
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"train_steps": 4, "lm_seq_len": 16, "lm_batch": 4, "lm_dim": 16, "digits_batch": 16,
               "digits_dim": 16, "n_layers": 2, "n_heads": 2, "eval_batches": 1,
               "final_eval_batches": 1, "log_every": 3},
     "book": {},
-    "long": {"train_steps": 2000, "lm_seq_len": 64, "lm_batch": 32, "lm_dim": 128,
-             "digits_dim": 128, "n_heads": 8, "log_every": 200, "final_eval_batches": 64},
+    "long": {"train_steps": 3000, "lm_seq_len": 64, "lm_batch": 32, "lm_dim": 128,
+             "digits_dim": 128, "n_heads": 8, "log_every": 250, "final_eval_batches": 64},
 }  # fmt: skip
 
-TASKS = ("lm", "digits")
-ARMS = ("baseline", "cofactor")
+#: the seeds of the stored book grid and of the long preset
+BOOK_SEEDS = (0, 1, 2, 3, 4)
 
 
 @functools.lru_cache(maxsize=4)
@@ -126,7 +130,7 @@ def training_flops(
 def chapter_grid(
     *,
     lm_level: str = "char",
-    train_steps: int = 200,
+    train_steps: int = 2000,
     lm_seq_len: int = 32,
     lm_batch: int = 16,
     lm_dim: int = 48,
@@ -140,7 +144,7 @@ def chapter_grid(
     lr: float = 3e-3,
     eval_batches: int = 4,
     final_eval_batches: int = 16,
-    log_every: int = 50,
+    log_every: int = 100,
     spike_ratio: float = 2.0,
     probe_items: int = 32,
 ) -> dict[str, dict[str, Any]]:
@@ -247,6 +251,7 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     x = _probe(data, params["probe_items"], tp["seq_len"])
     return {
         "task": params["task"], "arm": params["arm"], "steps": tp["steps"], "wall_s": wall,
+        "batch_size": tp["batch_size"], "seq_len": x.shape[1],  # tokens per sequence
         "val_loss": res.final["val_loss"], "val_acc": res.final["val_acc"],
         **grad_stats(grad_norms, tcfg.warmup_steps, params["spike_ratio"]),
         **_head_measures(res.model, x, params["reg_heads"]),
@@ -254,176 +259,46 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-# -- timing -------------------------------------------------------------------------------------
+def grid_configs(grid: Grid) -> dict[str, dict[str, Any]]:
+    """The configurations of a loaded grid, by name (from its records' ``params``)."""
+    return {c: r["params"] for (c, _), r in sorted(grid.records.items())}
 
 
-def _training_step(
-    cfg: ModelConfig, corpus: TextCorpus, batch: int, seq_len: int
-) -> Callable[[], Tensor]:
-    """One AdamW step of a fresh model (seed 0) on one random batch of ``corpus``, as a callable
-    for :func:`~attention_atlas.bench.compare` (gradients on even under its ``no_grad``)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Transformer(cfg)
-        starts = torch.randint(0, corpus.train.numel() - seq_len - 1, (batch,))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    win = corpus.train[starts[:, None] + torch.arange(seq_len + 1)]
-    x, y = win[:, :-1], win[:, 1:]
-
-    def step() -> Tensor:
-        with torch.enable_grad():
-            logits = model(x).logits
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return loss.detach()
-
-    return step
+# -- the claims register ---------------------------------------------------------------------
 
 
-def lm_step_seconds(
-    corpora: dict[str, TextCorpus], *, dim: int, n_layers: int, n_heads: int, batch: int,
-    seq_len: int, reps: int,
-) -> dict[str, float]:  # fmt: skip
-    """Median seconds of one training step of the language model on each corpus (its vocabulary
-    sets the output layer), timed side by side by :func:`~attention_atlas.bench.compare`."""
-    fns = {
-        name: _training_step(ModelConfig(**_model("lm", c, dim, n_layers, n_heads, seq_len)),
-                             c, batch, seq_len)
-        for name, c in corpora.items()
-    }  # fmt: skip
-    res = compare(fns, next(iter(fns)), (), backward=False, warmup=1, reps=reps, memory=False)
-    return {name: r["forward"]["median_s"] for name, r in res["results"].items()}
+def stored_grid(log: Any = None) -> Grid | None:
+    """The stored grid the register reads: ``results/cofactor/long`` when complete, else
+    ``results/cofactor/book`` (as its ``grid.json`` describes it), else None."""
+    from ..results import IncompleteGrid, load_grid
+
+    for preset in ("long", "book"):
+        try:
+            return load_grid("cofactor", preset)
+        except (FileNotFoundError, IncompleteGrid) as e:
+            if log is not None:
+                log(f"[results] no complete stored {preset} grid of cofactor ({e})")
+    return None
 
 
-def regularizer_overhead(
-    cfg: ModelConfig, x: Tensor, y: Tensor, *, reps: int, alpha: float = 1e-3, heads: int = 1,
-    beta: float = 0.1, seed: int = 0, meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """:func:`~attention_atlas.bench.compare` of forward and forward+backward of a classifier's
-    loss three ways: ``baseline`` (fused SDPA), ``need_weights`` (the explicit path that returns
-    the probabilities) and ``cofactor`` (plus ``alpha`` times the regulariser on the first
-    ``heads`` head(s) of every layer). The model is built at ``seed`` (global RNG untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Transformer(cfg)
-
-    def loss(x: Tensor, weights: bool, reg: bool) -> Tensor:
-        out = model(x, need_weights=weights)
-        value = torch.nn.functional.cross_entropy(out.logits, y)
-        if reg:
-            probs = [a.probs for a in out.attentions]
-            value = value + alpha * cofactor_regularizer_from_probs(probs, heads=heads, beta=beta)
-        return value
-
-    fns: dict[str, Callable[..., Any]] = {
-        "baseline": functools.partial(loss, weights=False, reg=False),
-        "need_weights": functools.partial(loss, weights=True, reg=False),
-        "cofactor": functools.partial(loss, weights=True, reg=True),
-    }
-    for f in fns.values():
-        f.bench_params = list(model.parameters())  # type: ignore[attr-defined]
-    return compare(fns, "baseline", (x,), warmup=1, reps=reps, memory=False, meta=meta)
+#: the claims decided by the training runs
+EMPIRICAL = ("cofactor/disconnected", "cofactor/spikes", "cofactor/accuracy")
 
 
-# -- analysis -----------------------------------------------------------------------------------
-
-#: the metrics of the summary table (rows)
-SUMMARY_METRICS = [
-    "val_loss", "val_acc", "grad_norm_var", "grad_spikes", "self_attention (reg heads)",
-    "cofactor_min_prob_n (reg heads)", "cofactor_near_zero (reg heads)",
-    "spectral_gap (reg heads)", "frac_disconnected (reg heads)", "cofactor_log_margin (reg heads)",
-    "spectral_gap (all heads)", "frac_disconnected (all heads)",
-]  # fmt: skip
-
-#: the seed's success criteria: (name, metric, which direction is better)
-CRITERIA = [
-    ("nearly disconnected heads (fraction, gap < 0.05, reg heads)",
-     "frac_disconnected (reg heads)", "lower"),
-    ("near-zero cofactors per head (reg heads)", "cofactor_near_zero (reg heads)", "lower"),
-    ("spectral gap (reg heads)", "spectral_gap (reg heads)", "higher"),
-    ("gradient spikes", "grad_spikes", "lower"),
-    ("gradient-norm variance", "grad_norm_var", "lower"),
-    ("validation accuracy", "val_acc", "higher"),
-    ("validation loss", "val_loss", "lower"),
-]  # fmt: skip
+def empirical_outcomes(grid: Grid | None) -> dict[str, Outcome]:
+    """The seed's success criteria as claims (:func:`.cofactor_analysis.claim_outcome`) from a
+    grid's results; *not tested* for each when there is no grid."""
+    if grid is None:
+        why = "no stored results (run: python -m attention_atlas sweep cofactor --preset book)"
+        return {k: Outcome("not tested", why, evidence="none") for k in EMPIRICAL}
+    crit = criteria(grid.frame)
+    return {k: claim_outcome(crit, k, grid.provenance.text) for k in EMPIRICAL}
 
 
-def summary_table(runs: pd.DataFrame, digits: str = ".4g") -> pd.DataFrame:
-    """Mean and 95% interval over seeds (``Interval.format``) of :data:`SUMMARY_METRICS`, one
-    column per (task, config), from the results of :func:`run_cell` (columns ``task``, ``arm``)."""
-    cols = []
-    for task in TASKS:
-        for arm in ARMS:
-            g = runs[(runs.task == task) & (runs.arm == arm)]
-            cells = {m: mean_interval(g[m]).format(spec=digits) for m in SUMMARY_METRICS}
-            cols.append({"task": task, "config": arm, "steps": int(g.steps.iloc[0]), **cells})
-    return pd.DataFrame(cols).set_index(["task", "config"]).T
+def outcomes(smoke: bool = False) -> dict[str, Outcome]:
+    """Every cofactor claim of :data:`attention_atlas.claims.CLAIMS`: the mathematical ones by
+    float64 checks run now (:func:`.cofactor_checks.math_outcomes`; toy sizes when ``smoke``),
+    the seed's success criteria by verdicts on the stored results (:func:`stored_grid`)."""
+    from .cofactor_checks import math_outcomes
 
-
-def paired_effect(runs: pd.DataFrame, task: str, metric: str) -> Interval:
-    """``cofactor - baseline`` of ``metric`` on ``task``, paired by seed (95% interval)."""
-    arm = {a: runs[(runs.task == task) & (runs.arm == a)].set_index("seed")[metric] for a in ARMS}
-    return paired_difference(arm["cofactor"], arm["baseline"])
-
-
-@dataclass(frozen=True)
-class Criterion:
-    """One of the seed's success criteria on one task: the paired effect and its reading."""
-
-    task: str
-    name: str
-    metric: str
-    effect: Interval
-    verdict: str
-
-
-def _reading(effect: Interval, better: str) -> str:
-    """The chapter's reading of an effect: *met* when the interval lies on the favourable side
-    of zero, *contradicted* on the other side, *not resolved* otherwise (issue 14 replaces it)."""
-    if not effect.resolved:
-        return "not resolved (one seed)"
-    good, bad = (
-        (effect.high < 0, effect.low > 0)
-        if better == "lower"
-        else (effect.low > 0, effect.high < 0)
-    )
-    return "met" if good else ("contradicted" if bad else "not resolved")
-
-
-def criteria(runs: pd.DataFrame) -> list[Criterion]:
-    """Each of :data:`CRITERIA` on each task. "Equal or better" accuracy and loss are met unless
-    the interval is unfavourable; a count that is zero in every run is "vacuous", one that is the
-    same in every run "degenerate"."""
-    out = []
-    for task in TASKS:
-        for name, metric, better in CRITERIA:
-            effect = paired_effect(runs, task, metric)
-            v = _reading(effect, better)
-            if metric in ("val_acc", "val_loss") and v == "not resolved":
-                v = "met (no significant difference)"
-            both = runs[runs.task == task][metric]
-            counts = ("frac_disconnected (reg heads)", "cofactor_near_zero (reg heads)")
-            if metric in counts and (both == 0).all():
-                v = "vacuous (none in any run)"
-            elif metric == "cofactor_near_zero (reg heads)" and both.nunique() == 1:
-                v = f"degenerate ({both.iloc[0]:g} in every run)"
-            out.append(Criterion(task, name, metric, effect, v))
-    return out
-
-
-def criteria_table(crit: Sequence[Criterion]) -> pd.DataFrame:
-    """The criteria as a table: task, criterion, the paired difference and its interval, verdict."""
-    return pd.DataFrame(
-        [{"task": c.task, "criterion": c.name, "cofactor - baseline": c.effect.mean,
-          "95% low": c.effect.low, "95% high": c.effect.high, "verdict": c.verdict}
-         for c in crit]
-    )  # fmt: skip
-
-
-def grad_norm_matrix(records: Sequence[dict[str, Any]]) -> np.ndarray:
-    """``(n_seeds, k)`` per-step gradient norms of the runs of one configuration (their stored
-    ``grad_norms``), cut to the shortest run."""
-    k = min(len(r["grad_norms"]) for r in records)
-    return np.array([r["grad_norms"][:k] for r in records], dtype=float)
+    return {**math_outcomes(smoke), **empirical_outcomes(stored_grid())}

@@ -31,9 +31,17 @@ from ..cofactor import (
     spectral_gap,
     stability_margin,
     stationary_distribution,
+    toward_reducible,
 )
 
-__all__ = ["coupling_table", "identity_table", "lu_vs_minors", "method_sweep", "speedup_table"]
+__all__ = [
+    "coupling_table",
+    "identity_table",
+    "lu_vs_minors",
+    "method_sweep",
+    "perturbation_data",
+    "speedup_table",
+]
 
 F64 = torch.float64
 
@@ -196,3 +204,24 @@ def speedup_table(results: dict[int, dict[str, Any]]) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def perturbation_data(target: str, eps: float, n: int, eps_grid: Sequence[float]) -> dict[str, Any]:
+    """The exploration of chapter 6 at one point: for ``A(eps)`` of
+    :func:`~attention_atlas.cofactor.references.toward_reducible`, the normalised cofactors
+    ``pi`` (zeros when every cofactor vanishes), the eigenvalues of ``A`` (real and imaginary
+    parts), its margin and spectral gap, and the margins and gaps over ``eps_grid``."""
+    A = toward_reducible(target, eps, n)
+    c = principal_cofactors(A)
+    total = float(c.sum())
+    ev = torch.linalg.eigvals(A)
+    curve = [toward_reducible(target, e, n) for e in eps_grid]
+    return {
+        "pi": (c / total if total > 0 else torch.zeros_like(c)).tolist(),
+        "eig_real": ev.real.tolist(),
+        "eig_imag": ev.imag.tolist(),
+        "margin": float(stability_margin(A)),
+        "gap": float(spectral_gap(A)),
+        "margins": [float(stability_margin(a)) for a in curve],
+        "gaps": [float(spectral_gap(a)) for a in curve],
+    }

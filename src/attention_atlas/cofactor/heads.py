@@ -1,0 +1,145 @@
+"""Attention probabilities of chosen layers and heads, for the cofactor penalty and diagnostics.
+
+The penalty needs the probabilities of a few heads (the seed: one or two per layer), not of
+all of them. Asking the model for ``need_weights=True`` moves *every* head of every layer off
+the fused SDPA kernel onto the explicit path; :func:`head_probs` instead recomputes only the
+chosen heads from each layer's input (``output.hidden[l]``, kept with its autograd graph by
+:class:`~attention_atlas.models.Transformer`), so the training forward stays on SDPA:
+
+    probs_l[:, h] = softmax(q_h k_h^T / sqrt(d)),   q_h, k_h = rows of qkv(ln_1(hidden[l]))
+
+for dot-product attention (the same operations as the explicit path, on the chosen rows of the
+projection only), and the layer's own ``need_weights=True`` call on ``ln_1(hidden[l])`` for any
+other variant. Gradients flow into the projections, the LayerNorm and the residual stream
+exactly as through the explicit path's probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["attention_probs", "head_indices", "head_probs", "select_heads"]
+
+
+def head_indices(heads: Sequence[int] | int | None, n_heads: int) -> list[int]:
+    """The chosen heads of a layer with ``n_heads``: all (None), the first ``k`` (an int), or a
+    list of indices (each checked against ``n_heads``)."""
+    if heads is None:
+        return list(range(n_heads))
+    if isinstance(heads, int):
+        if heads < 1:
+            raise ValueError(f"heads must be >= 1 (the first k heads), got {heads}")
+        return list(range(min(heads, n_heads)))
+    idx = list(heads)
+    bad = [h for h in idx if not -n_heads <= h < n_heads]
+    if bad or not idx:
+        raise ValueError(f"head indices must be in [0, {n_heads}) and not empty, got {idx}")
+    return [h % n_heads for h in idx]
+
+
+def _layer_indices(layers: Sequence[int] | None, n_layers: int) -> list[int]:
+    chosen = list(range(n_layers)) if layers is None else list(layers)
+    for li in chosen:
+        if not -n_layers <= li < n_layers:
+            raise ValueError(f"layer index {li} out of range for {n_layers} layers")
+    return chosen
+
+
+def select_heads(
+    probs: Sequence[Tensor | None], layers: Sequence[int] | None, heads: Sequence[int] | int | None
+) -> list[Tensor]:
+    """Pick ``(B, h, L, L)`` slices of the chosen layers and heads from per-layer probabilities
+    ``(B, H, L, L)``."""
+    out = []
+    for li in _layer_indices(layers, len(probs)):
+        p = probs[li]
+        if p is None:
+            raise ValueError(
+                f"layer {li} returned no attention probabilities; the cofactor terms need "
+                "need_weights=True and a variant that materialises its probabilities"
+            )
+        out.append(p[:, head_indices(heads, p.shape[1])])
+    return out
+
+
+def attention_probs(output: Any) -> list[Tensor | None]:
+    """Per-layer probabilities from a model output with ``attentions`` (list of AttentionResult)."""
+    atts = getattr(output, "attentions", None)
+    if atts is None:
+        raise ValueError("model output has no 'attentions'; run the model with need_weights=True")
+    return [getattr(a, "probs", None) for a in atts]
+
+
+def _qk_rows(idx: list[int], d: int, inner: int, device: torch.device) -> slice | Tensor:
+    """The rows of the ``qkv`` projection viewed as ``(3, H d, D)`` (the q, k and v blocks,
+    head by head) that belong to heads ``idx``: a slice (a view) when they are consecutive."""
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return slice(idx[0] * d, (idx[-1] + 1) * d)
+    return torch.tensor([r for h in idx for r in range(h * d, (h + 1) * d)], device=device)
+
+
+def head_probs(
+    model: Any,
+    output: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = 1,
+    max_items: int | None = None,
+) -> Tensor:
+    """Probabilities ``(layers, B, h, L, L)`` of the chosen heads of the chosen layers,
+    recomputed from the layers' inputs ``output.hidden[l]`` (module docstring); differentiable.
+
+    Dot-product layers are computed together, a handful of batched operations for all layers
+    (the per-operation overhead, not arithmetic, is what such small tensors cost); any other
+    variant runs its own ``need_weights=True`` path on ``ln_1(hidden[l])``.
+
+    Args:
+        model: a :class:`~attention_atlas.models.Transformer` (``blocks[l].ln_1``,
+            ``blocks[l].attn``, ``cfg.is_causal``) whose forward produced ``output``.
+        output: its :class:`~attention_atlas.models.ModelOutput` (``hidden``: ``n_layers + 1``
+            tensors ``(B, L, D)``). The forward must have had no extra attention ``mask`` (the
+            training harness passes none): only the causal mask of ``cfg`` is applied.
+        layers, heads: as :func:`select_heads` (the same heads in every layer).
+        max_items: only the first ``max_items`` batch items.
+    """
+    from ..attention.dot import DotProductAttention, masked_softmax
+
+    hidden = getattr(output, "hidden", None)
+    blocks = getattr(model, "blocks", None)
+    if hidden is None or blocks is None or len(hidden) != len(blocks) + 1:
+        raise ValueError(
+            "recomputing head probabilities needs a Transformer and its output's hidden states "
+            f"(n_layers + 1 of them); got blocks={None if blocks is None else len(blocks)}, "
+            f"hidden={None if hidden is None else len(hidden)}"
+        )
+    causal = bool(model.cfg.is_causal)
+    chosen = _layer_indices(layers, len(blocks))
+    xs = [blocks[li].ln_1(hidden[li][:max_items]) for li in chosen]  # (B, L, D): attention inputs
+    attns = [blocks[li].attn for li in chosen]
+    idx = head_indices(heads, attns[0].n_heads)
+    if (
+        any(type(a) is not DotProductAttention for a in attns)
+        or len({(a.n_heads, a.head_dim) for a in attns}) > 1
+    ):  # another variant, or mixed shapes: each layer's own explicit path
+        return torch.stack([
+            select_heads([a(x, causal=causal, mask=None, need_weights=True).probs], None, idx)[0]
+            for a, x in zip(attns, xs)
+        ])  # fmt: skip
+    d, inner = attns[0].head_dim, attns[0].n_heads * attns[0].head_dim
+    rows = _qk_rows(idx, d, inner, xs[0].device)
+    x = torch.stack(xs)  # (layers, B, L, D)
+    nl, bsz, n, dim = x.shape
+    w = torch.stack([a.qkv.weight.view(3, inner, dim)[:2, rows] for a in attns])  # (nl, 2, hd, D)
+    qk = x.view(nl, bsz * n, dim) @ w.view(nl, -1, dim).transpose(-2, -1)  # (nl, B L, 2 h d)
+    if attns[0].qkv.bias is not None:
+        b = torch.stack([a.qkv.bias.view(3, inner)[:2, rows] for a in attns])  # (nl, 2, hd)
+        qk = qk + b.view(nl, 1, -1)
+    q, k = qk.view(nl, bsz, n, 2, len(idx), d).permute(3, 0, 1, 4, 2, 5).unbind(0)
+    logits = (q @ k.transpose(-2, -1)) / math.sqrt(d)  # (nl, B, h, L, L), as DotProductAttention
+    keep = torch.ones(n, n, dtype=torch.bool, device=x.device).tril() if causal else None
+    return masked_softmax(logits, keep)
