@@ -29,8 +29,22 @@ from attention_atlas.notebooks import chapters
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-#: the call that marks a chapter's main exploration (the control the browser tests move)
-MAIN_CONTROL = re.compile(r"viz\.explore\((?:[^()]|\([^()]*\))*\bmain=True", re.S)
+_EXPLORE_CALL = re.compile(r"\bviz\.explore\(")
+
+
+def has_main_control(source: str) -> bool:
+    """Whether ``source`` calls ``viz.explore(..., main=True)``: the call that marks a chapter's
+    main exploration (the control the browser tests move). The call's arguments are found by
+    balancing parentheses, so nested calls and tuples inside it do not hide the keyword."""
+    for match in _EXPLORE_CALL.finditer(source):
+        depth, start = 1, match.end()
+        for i in range(start, len(source)):
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            if depth == 0:
+                if re.search(r"(?<![\w.])main\s*=\s*True\b", source[start:i]):
+                    return True
+                break
+    return False
 
 #: JupyterLab user settings for the tests: never save the chapter (a .py file, through
 #: jupytext), render every cell (no windowing), no news or update checks
@@ -202,7 +216,7 @@ def start_lab(
 
 def chapters_with_a_main_control() -> list[Path]:
     """Chapters whose source calls ``viz.explore(..., main=True)``."""
-    return [p for p in chapters(ROOT / "notebooks") if MAIN_CONTROL.search(p.read_text())]
+    return [p for p in chapters(ROOT / "notebooks") if has_main_control(p.read_text())]
 
 
 def block_other_hosts(context: Any, blocked: list[str]) -> None:

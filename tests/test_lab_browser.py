@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import pytest
 from live_servers import (
     CHROMIUM,
-    MAIN_CONTROL,
+    has_main_control,
     SCREENSHOTS,
     LabServer,
     chapters_with_a_main_control,
@@ -49,9 +49,11 @@ def test_the_lab_listens_on_loopback_only(lab_server: LabServer) -> None:
     assert all(ip == "127.0.0.1" for ip, _ in listening), listening
 
 
-def test_the_regex_finds_a_main_exploration() -> None:
-    assert MAIN_CONTROL.search('viz.explore(f, {"t": viz.slider([1, 2])}, main=True)')
-    assert not MAIN_CONTROL.search('viz.explore(f, {"t": [1, 2]})\nshow(main=True)')
+def test_a_main_exploration_is_found_through_nested_calls() -> None:
+    assert has_main_control('viz.explore(f, {"t": viz.slider([1, 2])}, main=True)')
+    assert has_main_control('viz.explore(f, {"t": viz.slider([1], r=(1, (2 + 3)))}, main=True)')
+    assert not has_main_control('viz.explore(f, {"t": [1, 2]})\nshow(main=True)')
+    assert not has_main_control('viz.explore(f, {"t": [1, 2]}, domain=True)')
 
 
 RUN_STATE = """
