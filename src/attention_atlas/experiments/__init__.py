@@ -25,6 +25,7 @@ EXPERIMENTS: dict[str, str] = {
     "rank-collapse": "attention_atlas.experiments.rank_collapse",
     "ssd-scaling": "attention_atlas.experiments.ssd_scaling",
     "toy": "attention_atlas.experiments.toy",
+    "zoo": "attention_atlas.experiments.zoo",
 }
 
 
