@@ -184,3 +184,41 @@ def test_the_leaderboard_has_every_arm_and_cell_with_intervals():
         "w64-p4",
     ]
     assert board.loc["ssm", "w64-p4"].startswith("0.450 [")
+
+
+def test_ratio_intervals_are_geometric_and_stay_positive():
+    iv = za.geometric_interval([1.0, 4.0, 16.0])
+    assert iv.mean == pytest.approx(4.0) and iv.low > 0 and iv.high > 16.0
+    frame = pd.DataFrame({"config": ["time/w64-p4"] * 3, "dot_ms": [10.0, 12.0, 11.0],
+                          "ratio_dot": [1.0] * 3, "ssm_ms": [20.0, 30.0, 22.0],
+                          "ratio_ssm": [2.0, 2.5, 2.0]})  # fmt: skip
+    table = za.timing_table(frame)
+    assert list(table.index) == ["dot", "ssm"]
+    assert table.loc["dot", "ratio to dot"] == "1.00 [1.00, 1.00]"
+    assert table.loc["ssm", "ratio to dot"].startswith("2.15 [")
+
+
+def test_the_chapter_runs_the_book_grid_and_has_each_claims_section():
+    """Chapter 9's parameters are chapter_grid's defaults (so the chapter and the register's
+    outcomes load the same stored book grid) and every zoo claim's section is a heading."""
+    import inspect
+
+    from attention_atlas.notebooks.chapters import chapter_parameters, repo_root
+
+    chapter = repo_root() / "notebooks" / "09_zoo_equal_footing.py"
+    book = chapter_parameters(chapter)
+    defaults = {k: p.default for k, p in inspect.signature(zoo.chapter_grid).parameters.items()}
+    shared = set(book) & set(defaults)
+    assert shared >= {"variants", "widths", "pairs", "steps", "seq_len", "lrs", "centre_only"}
+    for k in shared:
+        assert (
+            list(book[k]) == list(defaults[k])
+            if isinstance(book[k], list)
+            else book[k] == defaults[k]
+        ), k
+    assert book["seeds"] == [0, 1, 2] and zoo.PRESETS["book"] == {}
+    text = chapter.read_text()
+    for c in claims.CLAIMS:
+        if c.module.endswith(".zoo"):
+            assert f"# ## {c.section}\n" in text, c.section
+            assert c.chapter == chapter.stem

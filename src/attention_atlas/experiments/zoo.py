@@ -96,7 +96,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "book": {},
     "long": {
         "widths": [32, 64, 128], "pairs": [4, 8, 16, 32], "centre_width": 64, "centre_pairs": 8,
-        "seq_len": 64, "vocab_size": 128, "steps": 1500, "batch_size": 32, "log_every": 100,
+        "seq_len": 64, "vocab_size": 128, "steps": 1000, "batch_size": 32, "log_every": 100,
         "centre_only": [], "ptb_budget_s": 120.0, "time_batch": 32,
     },
 }  # fmt: skip

@@ -24,13 +24,16 @@ __all__ = [
     "anchors",
     "cell_name",
     "chosen_lrs",
+    "geometric_interval",
     "effects",
     "interval_text",
     "leaderboard",
     "learning_curves",
     "mqar_frame",
     "outcomes",
+    "protocol_text",
     "ptb_table",
+    "state_table",
     "summary",
     "timing_table",
     "zoo_grid",
@@ -184,15 +187,22 @@ def learning_curves(records: Mapping[tuple[str, int], Mapping[str, Any]], varian
     return fig
 
 
+def geometric_interval(values: Any) -> Interval:
+    """The geometric mean of positive runs (timings, ratios) and its 95% interval: the
+    t-interval of their logarithms, mapped back (a ratio's interval stays positive)."""
+    logs = mean_interval(np.log(np.asarray(values, dtype=float)))
+    return Interval(*(float(np.exp(v)) for v in logs.as_tuple()), n=logs.n, level=logs.level)
+
+
 def timing_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per variant: milliseconds per training step and the ratio to dot's, measured side by side
-    (one timing cell per seed; intervals over the seeds)."""
+    (one timing cell per seed; geometric means with 95% intervals over the seeds)."""
     t = frame[frame["config"].str.startswith("time/")]
     rows = {}
     for v in VARIANTS:
         if f"{v}_ms" in t and t[f"{v}_ms"].notna().any():
-            rows[v] = {"ms per step": interval_text(t[f"{v}_ms"], 1),
-                       "ratio to dot": interval_text(t[f"ratio_{v}"], 2)}  # fmt: skip
+            rows[v] = {"ms per step": geometric_interval(t[f"{v}_ms"]).format(1),
+                       "ratio to dot": geometric_interval(t[f"ratio_{v}"]).format(2)}  # fmt: skip
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
@@ -345,3 +355,79 @@ def summary(df: pd.DataFrame, frame: pd.DataFrame, anchor: Mapping[str, Any],
         "**Claims**: " + "; ".join(f"`{k}` {o.outcome}" for k, o in register.items()) + "."
     )
     return "\n\n".join(lines)
+
+
+def protocol_text(grid: Any, long: Mapping[str, Any]) -> str:
+    """The protocol of ``grid`` in words, every number read from its records, and what it
+    leaves out of the full protocol (the ``long`` preset's parameters over
+    :func:`~attention_atlas.experiments.zoo.chapter_grid`'s defaults)."""
+    import inspect
+
+    from .zoo import chapter_grid
+
+    recs = [r["params"] for r in grid.records.values() if r["params"]["kind"] == "mqar"]
+    ptb = [r["params"] for r in grid.records.values() if r["params"]["kind"] == "ptb"]
+    p = recs[0]
+    m, t, tr, sel = p["model"], p["task"], p["train"], p["selection"]
+    widths = sorted({r["width"] for r in recs})
+    pairs = sorted({r["pairs"] for r in recs})
+    arms = list(dict.fromkeys(r["variant"] for r in recs))
+    centre = (sel["model"]["dim"], sel["task"]["n_pairs"])
+    only = [v for v in arms if {(r["width"], r["pairs"]) for r in recs if r["variant"] == v}
+            == {centre}]  # fmt: skip
+    cof = next((r["regularizer"] for r in recs if r["regularizer"]), None)
+    full = {**{k: v.default for k, v in inspect.signature(chapter_grid).parameters.items()},
+            **long}  # fmt: skip
+    lines = [
+        f"**This grid.** {m['n_layers']} layers, {m['n_heads']} head(s); {len(arms)} arms; "
+        f"widths {widths} at {centre[1]} pairs and pairs {pairs} at width {centre[0]} (the "
+        f"centre: width {centre[0]}, {centre[1]} pairs); sequence length "
+        f"max({min(r['task']['seq_len'] for r in recs)}, 4N), vocabulary "
+        f"{t['vocab_size']}; per seed {t['n_train']:,} training, {t['n_val']:,} validation and "
+        f"{t['n_test']:,} test sequences; {tr['steps']:,} steps of {tr['batch_size']} sequences "
+        f"(so each training sequence is seen {tr['steps'] * tr['batch_size'] / t['n_train']:.2f} "
+        f"times on average); learning rates {sel['lrs']} chosen on seed {sel['seed']}.",
+    ]
+    if cof:
+        lines.append(f"The cofactor arm adds weight {cof['weight']:g} times the seed's penalty "
+                     f"(beta {cof['beta']:g}) on the first {cof['heads']} head(s) of each layer.")  # fmt: skip
+    if ptb:
+        q = ptb[0]
+        lines.append(f"char-PTB: width {q['model']['dim']}, windows of {q['train']['seq_len']} "
+                     f"characters, {q['train']['batch_size']} per step, "
+                     f"{q['train']['budget_s']:g} s of training per run.")  # fmt: skip
+    left = [f"widths {sorted(set(full['widths']) - set(widths))}" if set(full["widths"]) - set(widths) else "",
+            f"pairs {sorted(set(full['pairs']) - set(pairs))}" if set(full["pairs"]) - set(pairs) else "",
+            f"the cells off the centre for {', '.join(only)}" if only else ""]  # fmt: skip
+    left = [x for x in left if x]
+    lines.append(
+        f"**What it leaves out of the full protocol** (`--preset long`: widths "
+        f"{full['widths']} at {full['centre_pairs']} pairs, pairs {full['pairs']} at width "
+        f"{full['centre_width']}, length max({full['seq_len']}, 4N), vocabulary "
+        f"{full['vocab_size']}, {full['steps']:,} steps of {full['batch_size']}, char-PTB "
+        f"{full['ptb_budget_s']:g} s per run): "
+        + ("; ".join(left) or "nothing")
+        + f"; and it runs {tr['steps']:,} rather than {full['steps']:,} steps at length "
+        f"{t['seq_len']} rather than {full['seq_len']}."
+    )
+    return "\n\n".join(lines)
+
+
+def state_table(grid: Any) -> pd.DataFrame:
+    """Per MQAR cell: the SSM's recurrent state (floats, all layers: fixed by the width) against
+    what softmax attention keeps at the end of a sequence (its keys and values: ``2 L D`` floats
+    per layer, growing with the length ``L``)."""
+    rows = {}
+    for r in grid.records.values():
+        p = r["params"]
+        if p["kind"] != "mqar" or p["variant"] != "ssm":
+            continue
+        m, length = p["model"], p["task"]["seq_len"]
+        from .zoo import ssm_state_size
+
+        rows[cell_name(p["width"], p["pairs"])] = {
+            "sequence length": length,
+            "SSM state (floats)": ssm_state_size(m["dim"], m["n_heads"], m["n_layers"]),
+            "attention keys and values (floats)": 2 * length * m["dim"] * m["n_layers"],
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
