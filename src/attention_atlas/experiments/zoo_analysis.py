@@ -191,7 +191,8 @@ def geometric_interval(values: Any) -> Interval:
     """The geometric mean of positive runs (timings, ratios) and its 95% interval: the
     t-interval of their logarithms, mapped back (a ratio's interval stays positive)."""
     logs = mean_interval(np.log(np.asarray(values, dtype=float)))
-    return Interval(*(float(np.exp(v)) for v in logs.as_tuple()), n=logs.n, level=logs.level)
+    mean, low, high = (float(np.exp(v)) for v in logs.as_tuple())
+    return Interval(mean, low, high, logs.n, logs.level)
 
 
 def timing_table(frame: pd.DataFrame) -> pd.DataFrame:
