@@ -98,12 +98,14 @@ def show_outcome(key, outcome):
 # vocabulary, the queries' places from Zoology's power law (most queries soon after the pairs),
 # and only the $N$ value positions are scored (loss and accuracy; every other target is
 # `IGNORE_INDEX`). The format and a worked example are in `attention_atlas.data.mqar`. Here is
-# one generated sequence (keys 1-7, values 8-15):
+# one generated sequence (its vocabulary and key range are printed with it):
 
 # %%
 example = mqar_task(1, 1, 1, seq_len=16, n_pairs=3, vocab_size=16, seed=4)
 x0, y0 = example.train_x[0].tolist(), example.train_y[0].tolist()
 display(pd.DataFrame({"input": x0, "target": ["." if t == IGNORE_INDEX else t for t in y0]}).T)
+V0 = example.vocab_size
+print(f"vocabulary {V0}: keys 1..{V0 // 2 - 1}, values {V0 // 2}..{V0 - 1}; '.' is not scored")
 chance = chance_levels(centre_pairs, vocab_size)
 viz.markdown(
     f"Chance at the centre of the grid ({centre_pairs} pairs, vocabulary {vocab_size}): a value "
@@ -117,11 +119,10 @@ viz.markdown(
 # ## 2. The protocol
 #
 # **One model.** Every arm is the library's `Transformer` with learned positions, untied input
-# and output embeddings, and no MLP: Zoology's MQAR models have none, and on this machine's
-# budget a dot-product model with the MLP, or with tied embeddings, stays for thousands of
-# steps on the plateau of copying a context value. A consequence: the Fiber Bundle arm's Phase
-# E, which preconditions the MLP's update, has nothing to act on; its phases A to D are on. The
-# arms differ only in the attention, and the cofactor arm in its regulariser (as in chapter 6).
+# and output embeddings, and no MLP, as Zoology's MQAR models (the two choices are tested at
+# the end of this section). A consequence: the Fiber Bundle arm's Phase E, which
+# preconditions the MLP's update, has nothing to act on; its phases A to D are on. The arms
+# differ only in the attention, and the cofactor arm in its regulariser (as in chapter 6).
 #
 # **The same data, the cross, one learning rate per arm.** The cell below states the sizes
 # from the grid itself. Training sets are fixed arrays rather than sequences drawn on the fly:
@@ -147,6 +148,18 @@ runs = za.mqar_frame(grid.frame)
 viz.markdown(za.protocol_text(grid, zoo.PRESETS["long"]))
 print("the long protocol:", sweep_command("zoo", "long", zoo.PRESETS["long"], seeds))
 za.chosen_lrs(runs)
+
+# %% [markdown]
+# Why no MLP and untied embeddings: the same dot-product model at the easiest cell, with an MLP
+# of width $4D$ in each block, or with the output matrix tied to the input embedding (the
+# library's default), trained identically. Early in training every model sits on a plateau
+# where it has learned *where* the values are but not which one goes with the query (the
+# chance level of copying a context value); the recall circuit, an induction head, forms
+# abruptly when it forms {cite}`olsson2022context`.
+
+# %%
+display(za.ablation_table(grid.frame))
+print(grid.provenance.text)
 
 # %% [markdown]
 # ## 3. Recall against width, pairs and parameters
@@ -237,7 +250,7 @@ print(grid.provenance.text)
 
 # %% [markdown]
 # Char-PTB: every arm trains for the same wall-clock budget (`schedule="time"`: the cosine
-# schedule spans the budget) at width 64 and length 64, then its validation bpc is measured. A
+# schedule spans the budget; sizes in section 2), then its validation bpc is measured. A
 # wall-clock budget is **not reproducible bit for bit**: the steps an arm completes depend on
 # the machine and its load (the provenance line names the machine). A slower arm gets fewer
 # steps: that is the point of the comparison.

@@ -23,7 +23,7 @@ def test_the_grid_is_a_cross_with_the_centre_once_and_longer_sequences_for_many_
     g = zoo.chapter_grid(variants=["dot", "ssm", "riemannian"], widths=[32, 64, 128],
                          pairs=[4, 8, 16, 32], centre_width=64, centre_pairs=8, seq_len=64,
                          centre_only=["riemannian"])  # fmt: skip
-    mqar = {k: v for k, v in g.items() if v["kind"] == "mqar"}
+    mqar = {k: v for k, v in g.items() if k.startswith("mqar/")}
     cells = sorted({(v["width"], v["pairs"]) for v in mqar.values()})
     assert cells == [(32, 8), (64, 4), (64, 8), (64, 16), (64, 32), (128, 8)]
     assert len(mqar) == 2 * 6 + 1  # riemannian: the centre only
@@ -32,8 +32,13 @@ def test_the_grid_is_a_cross_with_the_centre_once_and_longer_sequences_for_many_
     assert {v["task"]["seq_len"] for v in mqar.values() if v["pairs"] == 32} == {128}
     sel = mqar["mqar/ssm/w32-p8"]["selection"]  # every cell selects at the centre
     assert (sel["model"]["dim"], sel["task"]["n_pairs"]) == (64, 8)
-    others = {k for k, v in g.items() if v["kind"] != "mqar"}
-    assert others == {"ptb/dot", "ptb/ssm", "ptb/riemannian", "time/w64-p8"}
+    others = {k for k, v in g.items() if not k.startswith("mqar/")}
+    assert others == {"ptb/dot", "ptb/ssm", "ptb/riemannian", "time/w64-p8",
+                      "ablation/mlp/w64-p4", "ablation/tied/w64-p4"}  # fmt: skip
+    mlp, tied = g["ablation/mlp/w64-p4"], g["ablation/tied/w64-p4"]  # at the easiest cell
+    assert mlp["model"] == {**mqar["mqar/dot/w64-p4"]["model"], "mlp_ratio": 4.0}
+    assert tied["model"] == {**mqar["mqar/dot/w64-p4"]["model"], "tie_embeddings": True}
+    assert mlp["selection"] == tied["selection"] == mqar["mqar/dot/w64-p4"]["selection"]
     with pytest.raises(ValueError, match="the centre"):
         zoo.chapter_grid(widths=[32], pairs=[4], centre_width=64, centre_pairs=4)
     with pytest.raises(ValueError, match="unknown arm"):
@@ -222,3 +227,20 @@ def test_the_chapter_runs_the_book_grid_and_has_each_claims_section():
         if c.module.endswith(".zoo"):
             assert f"# ## {c.section}\n" in text, c.section
             assert c.chapter == chapter.stem
+
+
+def test_the_ablation_table_sets_the_protocol_beside_each_change():
+    rows = [{"config": c, "seed": s, "test_acc": a, "learning_auc": a / 2}
+            for c, acc in (("mqar/dot/w128-p4", [1.0, 1.0, 0.99]),
+                           ("ablation/mlp/w128-p4", [0.3, 0.25, 0.28]),
+                           ("ablation/tied/w128-p4", [0.26, 0.27, 0.25]),
+                           ("mqar/dot/w64-p4", [0.2, 0.2, 0.2]))
+            for s, a in enumerate(acc)]  # fmt: skip
+    t = za.ablation_table(pd.DataFrame(rows))
+    assert list(t.index) == [
+        "protocol (no MLP, untied)",
+        "with an MLP (4 D)",
+        "with tied embeddings",
+    ]
+    assert set(t["cell"]) == {"w128-p4"} and t.iloc[1]["test accuracy"].startswith("0.277 [")
+    assert za.ablation_table(pd.DataFrame(rows[-3:])).empty

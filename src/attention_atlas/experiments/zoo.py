@@ -163,6 +163,7 @@ def chapter_grid(
     ptb_eval_batches: int = 16,
     time_batch: int = 32,
     time_reps: int = 5,
+    ablations: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """The cross of MQAR cells (``mqar/<variant>/w<W>-p<N>``), one char-PTB cell per variant
     (``ptb/<variant>``) and one timing cell (``time/w<W>-p<N>``), by name.
@@ -171,7 +172,10 @@ def chapter_grid(
     in both. Arms in ``centre_only`` run the centre cell only (the book's grid leaves the two
     slowest arms out of the other cells). Every cell carries its learning-rate selection (the
     centre cell's model, task and training at each of ``lrs`` on ``select_seed``), so a cell is
-    self-contained. The blocks have no MLP (:data:`NO_MLP`), as Zoology's MQAR models.
+    self-contained. The blocks have no MLP (:data:`NO_MLP`), as Zoology's MQAR models; with
+    ``ablations``, two dot-product cells at the easiest setting (fewest pairs, widest) test that
+    choice: ``ablation/mlp/...`` (an MLP of 4 D) and ``ablation/tied/...`` (tied embeddings),
+    each at dot's chosen learning rate.
     """
     bad = sorted(set(variants) - set(VARIANTS))
     if bad:
@@ -206,6 +210,15 @@ def chapter_grid(
                      **{k: centre[k] for k in ("model", "task", "train")}}  # fmt: skip
         for w, p in cross if v not in centre_only else [(centre_width, centre_pairs)]:
             configs[f"mqar/{v}/w{w}-p{p}"] = {**cell(v, w, p), "selection": selection}
+    if ablations and CONTROL in variants:
+        p = min(q for _, q in cross)
+        w = max(v for v, q in cross if q == p)  # the easiest cell: fewest pairs, then widest
+        base = {
+            **cell(CONTROL, w, p),
+            "selection": configs[f"mqar/{CONTROL}/w{w}-p{p}"]["selection"],
+        }
+        for name, change in (("mlp", {"mlp_ratio": 4.0}), ("tied", {"tie_embeddings": True})):
+            configs[f"ablation/{name}/w{w}-p{p}"] = {**base, "model": {**base["model"], **change}}
     for v in variants:
         model = {"dim": ptb_dim, "n_layers": n_layers, "n_heads": n_heads, "max_len": ptb_seq_len,
                  "tie_embeddings": False, "mlp_ratio": NO_MLP}  # fmt: skip

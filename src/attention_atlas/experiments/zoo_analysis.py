@@ -19,6 +19,7 @@ from .zoo import CONTROL, PRESETS, SESOI, VARIANTS
 
 __all__ = [
     "ANCHOR_ACC",
+    "ablation_table",
     "CLAIMS",
     "accuracy_figure",
     "anchors",
@@ -432,3 +433,22 @@ def state_table(grid: Any) -> pd.DataFrame:
             "attention keys and values (floats)": 2 * length * m["dim"] * m["n_layers"],
         }
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def ablation_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Dot-product attention at the ablations' cell: the protocol's model (no MLP, untied
+    embeddings) against the same with an MLP and with tied embeddings, test accuracy and the
+    learning curve's mean (intervals over seeds). Empty when the grid has no ablations."""
+    abl = frame[frame["config"].str.startswith("ablation/")]
+    if not len(abl):
+        return pd.DataFrame()
+    cell = abl["config"].iloc[0].rsplit("/", 1)[1]
+    rows = {"protocol (no MLP, untied)": frame[frame["config"] == f"mqar/{CONTROL}/{cell}"]}
+    names = {"mlp": "with an MLP (4 D)", "tied": "with tied embeddings"}
+    for name, label in names.items():
+        rows[label] = abl[abl["config"] == f"ablation/{name}/{cell}"]
+    return pd.DataFrame.from_dict(
+        {k: {"cell": cell, "test accuracy": interval_text(g["test_acc"]),
+             "learning-curve mean": interval_text(g["learning_auc"])}
+         for k, g in rows.items() if len(g)}, orient="index",
+    )  # fmt: skip
