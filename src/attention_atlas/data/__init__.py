@@ -11,13 +11,14 @@ Data sets come in two shapes:
 
 Modules: :mod:`.files` (the data folder, sha256 checks, downloads), :mod:`.corpora` (Vocab,
 TextCorpus, PTB and WikiText-2 loaders), :mod:`.tasks` (ArrayTask, digits, copy, recall,
-subsets, :func:`load_task`), :mod:`.samplers` (training samplers, evaluation windows).
+subsets, :func:`load_task`), :mod:`.mqar` (multi-query associative recall), :mod:`.samplers` (training samplers, evaluation windows).
 """
 
 from __future__ import annotations
 
 from .corpora import TextCorpus, Vocab, load_char_ptb, load_wikitext2, load_word_ptb
 from .files import ENV_VAR, FILES, DataFileError, FileSpec, char_ptb_from_word, data_dir, data_file
+from .mqar import mqar_task
 from .samplers import RowSampler, WindowSampler, eval_windows, make_sampler
 from .tasks import (
     IGNORE_INDEX,
@@ -57,6 +58,7 @@ __all__ = [
     "load_wikitext2",
     "load_word_ptb",
     "make_sampler",
+    "mqar_task",
     "subset",
     "task_options",
 ]

@@ -1,5 +1,6 @@
 """Fixed-array tasks (:class:`ArrayTask`): digits as patch tokens and small synthetic tasks
-(copy, associative recall); low-data subsets; every data set by task name."""
+(copy, associative recall, multi-query associative recall in :mod:`.mqar`); low-data subsets;
+every data set by task name."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class ArrayTask:
 
     ``kind="classify"``: ``x (N, P, patch_dim)`` float, ``y (N,)`` class ids.
     ``kind="lm"``: ``x (N, L)`` token ids, ``y (N, L)`` next-token targets with
-    :data:`IGNORE_INDEX` where a position is not scored.
+    :data:`IGNORE_INDEX` where a position is not scored. A task may also have a test split
+    (``test_x``, ``test_y``; None if not).
     """
 
     name: str
@@ -50,15 +52,18 @@ class ArrayTask:
     n_classes: int = 0
     patch_dim: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    test_x: Tensor | None = None
+    test_y: Tensor | None = None
 
     @property
     def seq_len(self) -> int:
         return int(self.train_x.shape[1])
 
     def __repr__(self) -> str:
+        test = "" if self.test_x is None else f", test={tuple(self.test_x.shape)}"
         return (
             f"ArrayTask({self.name!r}, kind={self.kind!r}, train={tuple(self.train_x.shape)}, "
-            f"val={tuple(self.val_x.shape)})"
+            f"val={tuple(self.val_x.shape)}{test})"
         )
 
 
@@ -213,19 +218,27 @@ def subset(dataset: TextCorpus | ArrayTask, fraction: float, seed: int = 0) -> A
 
 # -- by name -------------------------------------------------------------------------------
 
-TASKS = ("ptb-char", "ptb-word", "wikitext2", "wikitext2-char", "digits", "copy", "recall")
+TASKS = (
+    "ptb-char", "ptb-word", "wikitext2", "wikitext2-char", "digits", "copy", "recall", "mqar",
+)  # fmt: skip
+#: the tasks generated in memory (no data folder)
+GENERATED = ("digits", "copy", "recall", "mqar")
 
 
-#: task name -> (loader, how it is called: "root" loaders read text files from the data folder)
-_LOADERS: dict[str, tuple[Any, dict[str, Any]]] = {
-    "ptb-char": (load_char_ptb, {}),
-    "ptb-word": (load_word_ptb, {}),
-    "wikitext2": (load_wikitext2, {"mode": "word"}),
-    "wikitext2-char": (load_wikitext2, {"mode": "char"}),
-    "digits": (load_digits_patches, {}),
-    "copy": (copy_task, {}),
-    "recall": (associative_recall_task, {}),
-}
+def _loaders() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Task name -> (loader, fixed options); "root" loaders read text files from the data folder."""
+    from .mqar import mqar_task  # builds on ArrayTask (imported here: no import cycle)
+
+    return {
+        "ptb-char": (load_char_ptb, {}),
+        "ptb-word": (load_word_ptb, {}),
+        "wikitext2": (load_wikitext2, {"mode": "word"}),
+        "wikitext2-char": (load_wikitext2, {"mode": "char"}),
+        "digits": (load_digits_patches, {}),
+        "copy": (copy_task, {}),
+        "recall": (associative_recall_task, {}),
+        "mqar": (mqar_task, {}),
+    }
 
 
 def task_options(name: str) -> list[str]:
@@ -233,7 +246,7 @@ def task_options(name: str) -> list[str]:
     import inspect
 
     check_task(name)
-    fn, fixed = _LOADERS[name]
+    fn, fixed = _loaders()[name]
     params = inspect.signature(fn).parameters
     return [n for n in params if n not in ("root", "dtype", *fixed)]
 
@@ -241,7 +254,7 @@ def task_options(name: str) -> list[str]:
 def check_task(name: str, options: dict[str, Any] | None = None) -> None:
     """Task ``name`` exists and takes every option in ``options`` (their values are checked
     by the loader); else :class:`ConfigError` naming the known ones."""
-    if name not in _LOADERS:
+    if name not in TASKS:
         raise ConfigError(
             f"unknown task {name!r}{close_matches(name, TASKS)}; known: {', '.join(TASKS)}"
         )
@@ -257,7 +270,7 @@ def check_task(name: str, options: dict[str, Any] | None = None) -> None:
 def load_task(name: str, root: str | os.PathLike[str] | None = None, **options: Any) -> Any:
     """A data set by task name (the command line's ``--task``): one of :data:`TASKS`."""
     check_task(name, options)
-    fn, fixed = _LOADERS[name]
-    if name in ("digits", "copy", "recall"):
+    fn, fixed = _loaders()[name]
+    if name in GENERATED:
         return fn(**fixed, **options)
     return fn(root, **fixed, **options)

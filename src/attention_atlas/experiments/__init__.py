@@ -26,6 +26,7 @@ EXPERIMENTS: dict[str, str] = {
     "ssd-scaling": "attention_atlas.experiments.ssd_scaling",
     "ssm-lm": "attention_atlas.experiments.ssm_lm",
     "toy": "attention_atlas.experiments.toy",
+    "zoo": "attention_atlas.experiments.zoo",
 }
 
 

@@ -32,7 +32,11 @@ def add_subcommand(subparsers: Any) -> None:
     p.add_argument(
         "--task",
         default=None,
-        help="ptb-char, ptb-word, wikitext2, wikitext2-char, digits, copy, recall",
+        help=(
+            "ptb-char, ptb-word, wikitext2, wikitext2-char, digits, copy, recall, mqar; a task's "
+            "options as -o task.NAME=VALUE, e.g. --task mqar -o task.n_pairs=16 "
+            "-o task.seq_len=64 -o task.vocab_size=128 -o task.query_dist=uniform"
+        ),
     )
     p.add_argument("--attention", default=None, help="registered attention variant (default dot)")
     p.add_argument(

@@ -63,7 +63,7 @@ class TrainConfig:
         None  # validation batches at the end (None = whole split)
     )
     eval_batch_size: PositiveInt = 32  # sequences per evaluation batch
-    eval_test: bool = False  # also evaluate on the test split at the end (corpora only)
+    eval_test: bool = False  # also evaluate on the test split at the end (where there is one)
     weights_batch: PositiveInt = 2  # sequences used for the need_weights diagnostics at log steps
     checkpoint_every: NonNegativeInt = 0  # steps between checkpoints (0 = none); needs out_dir
     out_dir: str | None = None  # where history.csv, run.json and checkpoint.pt go

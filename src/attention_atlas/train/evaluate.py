@@ -35,18 +35,22 @@ def eval_batches(
     data: TextCorpus | ArrayTask, split: str, batch_size: int, seq_len: int, max_batches: int | None
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """Deterministic ``(x, y)`` batches of a split: consecutive windows of a corpus stream, or
-    the validation rows of an array task in order."""
+    the validation (or test) rows of an array task in order."""
     if isinstance(data, TextCorpus):
         tokens = {"val": data.valid, "valid": data.valid, "test": data.test}[split]
         yield from eval_windows(tokens, batch_size, seq_len, max_batches)
         return
     if split == "test":
-        raise ValueError(f"{data.name} has no test split")
-    n = data.val_x.shape[0]
+        if data.test_x is None or data.test_y is None:
+            raise ValueError(f"{data.name} has no test split")
+        xs, ys = data.test_x, data.test_y
+    else:
+        xs, ys = data.val_x, data.val_y
+    n = xs.shape[0]
     for bi, i in enumerate(range(0, n, batch_size)):
         if max_batches is not None and bi >= max_batches:
             break
-        yield data.val_x[i : i + batch_size], data.val_y[i : i + batch_size]
+        yield xs[i : i + batch_size], ys[i : i + batch_size]
 
 
 @torch.no_grad()

@@ -476,7 +476,8 @@ def _final_metrics(run: _Run) -> dict[str, float]:
         max_batches=cfg.final_eval_batches, device=run.device,
     )  # fmt: skip
     final = {f"val_{k}": v for k, v in val.items() if k != "n"}
-    if cfg.eval_test and isinstance(run.data, TextCorpus):
+    has_test = isinstance(run.data, TextCorpus) or run.data.test_x is not None
+    if cfg.eval_test and has_test:
         test = evaluate(
             run.model, run.data, split="test", batch_size=cfg.eval_batch_size,
             seq_len=cfg.seq_len, device=run.device,
