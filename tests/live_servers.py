@@ -46,6 +46,7 @@ def has_main_control(source: str) -> bool:
                 break
     return False
 
+
 #: JupyterLab user settings for the tests: never save the chapter (a .py file, through
 #: jupytext), render every cell (no windowing), no news or update checks
 LAB_SETTINGS = {

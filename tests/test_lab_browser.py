@@ -22,10 +22,10 @@ from urllib.parse import urlparse
 import pytest
 from live_servers import (
     CHROMIUM,
-    has_main_control,
     SCREENSHOTS,
     LabServer,
     chapters_with_a_main_control,
+    has_main_control,
     move_control,
     start_lab,
 )
