@@ -24,8 +24,16 @@ import pandas as pd
 
 from ..stats import OUTCOMES
 from . import cofactor, matroidal, riemannian, sma
-from .core import (
+from .core import (  # C1 ... C9: the stems of the chapters that test claims
     BIGRAM_BPC,
+    C1,
+    C2,
+    C3,
+    C4,
+    C5,
+    C6,
+    C7,
+    C9,
     SEEDS,
     Claim,
     Outcome,
@@ -36,6 +44,14 @@ from .core import (
 
 __all__ = [
     "BIGRAM_BPC",
+    "C1",
+    "C2",
+    "C3",
+    "C4",
+    "C5",
+    "C6",
+    "C7",
+    "C9",
     "CLAIMS",
     "SEEDS",
     "Claim",
