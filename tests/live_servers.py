@@ -32,6 +32,17 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 _EXPLORE_CALL = re.compile(r"\bviz\.explore\(")
 
 
+def figure_data_js(selector: str) -> str:
+    """A page function returning the data of the first plotly figure matching ``selector`` as
+    a string (null while there is none): each trace's x, y, z and, for a table, its cells, so
+    a recomputed figure of any kind compares unequal to the old one."""
+    traces = "[t.x, t.y, t.z, t.cells ? t.cells.values : null]"
+    return (
+        f"() => {{ const plot = document.querySelector({json.dumps(selector)});"
+        f" if (!plot || !plot.data) return null; return JSON.stringify(plot.data.map(t => {traces})); }}"
+    )
+
+
 def has_main_control(source: str) -> bool:
     """Whether ``source`` calls ``viz.explore(..., main=True)``: the call that marks a chapter's
     main exploration (the control the browser tests move). The call's arguments are found by
@@ -240,10 +251,13 @@ def move_control(control: Any) -> str:
     a text box to a new text. Returns what was done."""
     handle = control.locator(".noUi-handle")
     if handle.count():
+        now, top = (handle.first.get_attribute(a) for a in ("aria-valuenow", "aria-valuemax"))
+        at_top = now is not None and top is not None and float(now) >= float(top)
+        key, way = ("ArrowLeft", "left") if at_top else ("ArrowRight", "right")
         handle.first.focus()
         for _ in range(3):
-            handle.first.press("ArrowRight")
-        return "main control (a slider) moved 3 steps right"
+            handle.first.press(key)
+        return f"main control (a slider) moved 3 steps {way}"
     select = control.locator("select")
     if select.count():
         values = select.first.locator("option").evaluate_all("os => os.map(o => o.value)")

@@ -25,6 +25,7 @@ from live_servers import (
     SCREENSHOTS,
     LabServer,
     chapters_with_a_main_control,
+    figure_data_js,
     has_main_control,
     move_control,
     start_lab,
@@ -64,9 +65,12 @@ RUN_STATE = """
       '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"], '
       + '.atlas-output [data-mime-type="application/vnd.jupyter.stderr"]'))
     .map(e => e.textContent.slice(0, 2000));
+  const stderr = Array.from(document.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
+    .map(e => e.textContent.slice(-1500)).slice(-3);
   const status = document.querySelector('.jp-Notebook-ExecutionIndicator');
   return {cells: text.length, running: text.filter(t => t.includes('*')).length,
-          unrun: text.filter(t => t === '[ ]:' || t === '').length, errors,
+          unrun: text.filter(t => t === '[ ]:' || t === '').length, errors, stderr,
           idle: status ? status.getAttribute('data-status') === 'idle' : null,
           text: document.querySelector('.jp-Notebook') ?
                 document.querySelector('.jp-Notebook').innerText.includes('SMOKE values in use')
@@ -74,20 +78,21 @@ RUN_STATE = """
 }
 """
 
-FIGURE_DATA = """
-() => {
-  const plot = document.querySelector('.atlas-main .atlas-output .js-plotly-plot');
-  if (!plot || !plot.data) return null;
-  return JSON.stringify(plot.data.map(t => [t.x, t.y, t.z]));  // arrays, typed or base64
-}
-"""
+FIGURE_DATA = figure_data_js(".atlas-main .atlas-output .js-plotly-plot")
+
+
+def _click_run_all(page) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
 
 def _run_all(page, timeout_s: float) -> dict:
-    """Run every cell (Run menu) and wait until each has run and the kernel is idle."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    """Run every cell (Run menu) and wait until each has run and the kernel is idle. A click
+    that started nothing within 20 s (the menu entry can be inert while the notebook is still
+    settling) is repeated, up to three times."""
+    _click_run_all(page)
     deadline = time.monotonic() + timeout_s
+    started, clicks, last_click, halted = False, 1, time.monotonic(), 0
     state: dict = {}
     while time.monotonic() < deadline:
         page.wait_for_timeout(1000)
@@ -96,7 +101,22 @@ def _run_all(page, timeout_s: float) -> dict:
             state["cells"] and not state["running"] and not state["unrun"] and state["idle"]
         ):
             return state
-    raise AssertionError(f"the chapter did not finish within {timeout_s:.0f} s: {state}")
+        started = started or bool(state["running"]) or state["unrun"] < state["cells"]
+        # the run stopped part-way (a cell failed and its traceback went to stderr): say so now
+        stopped = started and state["idle"] and not state["running"] and state["unrun"]
+        halted = halted + 1 if stopped else 0
+        if halted >= 10:
+            raise AssertionError(
+                f"the run stopped with {state['unrun']} of {state['cells']} cells unrun; "
+                "last stderr:\n" + "\n---\n".join(state["stderr"])
+            )
+        if not started and clicks < 3 and time.monotonic() - last_click > 20:
+            page.keyboard.press("Escape")
+            _click_run_all(page)
+            clicks, last_click = clicks + 1, time.monotonic()
+    raise AssertionError(
+        f"the chapter did not finish within {timeout_s:.0f} s ({clicks} clicks): {state}"
+    )
 
 
 IDLE = (

@@ -22,6 +22,7 @@ from live_servers import (
     LabServer,
     block_other_hosts,
     chapters_with_a_main_control,
+    figure_data_js,
     move_control,
     start_lab,
 )
@@ -32,13 +33,7 @@ from attention_atlas.notebooks import chapters
 pytestmark = [pytest.mark.slow, pytest.mark.live]
 
 LIVE_STATE = "document.querySelector('.atlas-live-bar').getAttribute('data-state')"
-FIGURE_DATA = """
-() => {
-  const plot = document.querySelector('.atlas-main .atlas-output .plotly-graph-div');
-  if (!plot || !plot.data) return null;
-  return JSON.stringify(plot.data.map(t => [t.x, t.y, t.z]));
-}
-"""
+FIGURE_DATA = figure_data_js(".atlas-main .atlas-output .plotly-graph-div")
 #: live Markdown outputs whose $math$ was left as text (not typeset by the page's MathJax)
 RAW_MATH = """
 () => Array.from(document.querySelectorAll('.jp-RenderedMarkdown'))

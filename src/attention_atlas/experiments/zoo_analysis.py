@@ -166,26 +166,34 @@ def _centre(df: pd.DataFrame, column: str) -> int:
 
 def learning_curves(records: Mapping[tuple[str, int], Mapping[str, Any]], variant: str,
                     width: int, pairs: int) -> go.Figure:  # fmt: skip
-    """Validation accuracy against step for every seed of one MQAR cell (stored histories), and
-    the chance of copying a context value; an empty figure that says so for a cell not in the
-    cross."""
+    """Validation accuracy (left) and training loss (right, log scale) against step for every
+    seed of one MQAR cell (stored histories), with the chance of copying a context value; an
+    empty figure that says so for a cell not in the cross. The loss shows what accuracy hides
+    on a plateau: whether the arm is moving at all."""
+    from plotly.subplots import make_subplots
+
     name = f"mqar/{variant}/{cell_name(width, pairs)}"
     runs = sorted((s, r) for (c, s), r in records.items() if c == name)
-    fig = go.Figure()
-    for s, r in runs:
-        h = r["history"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("validation accuracy", "training loss"))
+    for i, (s, r) in enumerate(runs):
+        h, color = r["history"], viz.COLORS[i % len(viz.COLORS)]
         fig.add_trace(go.Scatter(x=h["step"], y=h["val_acc"], mode="lines+markers",
-                                 name=f"seed {s} (test {r['test_acc']:.3f})"))  # fmt: skip
+                                 name=f"seed {s} (test {r['test_acc']:.3f})", legendgroup=str(s),
+                                 line={"color": color}), row=1, col=1)  # fmt: skip
+        fig.add_trace(go.Scatter(x=h["step"], y=h["train_loss"], mode="lines", showlegend=False,
+                                 legendgroup=str(s), line={"color": color}), row=1, col=2)  # fmt: skip
     title = f"{variant}, width {width}, {pairs} pairs"
     if not runs:
         title += ": not in the cross (widths vary at the centre's pairs, pairs at its width)"
     else:
         steps = runs[0][1]["history"]["step"]
         fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[1 / pairs] * 2, mode="lines",
-                                 name="chance (1/pairs)", line={"dash": "dot", "color": "grey"}))  # fmt: skip
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="validation accuracy",
-                      yaxis_range=[0, 1.02])  # fmt: skip
-    return fig
+                                 name="chance (1/pairs)", line={"dash": "dot", "color": "grey"}),
+                      row=1, col=1)  # fmt: skip
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(type="log", row=1, col=2)
+    return fig.update_layout(title=title)
 
 
 def geometric_interval(values: Any) -> Interval:
