@@ -187,15 +187,17 @@ display(za.state_table(grid))
 
 # %% [markdown]
 # The anchors below are asserted: if dot-product attention does not reach the anchor accuracy
-# on the easiest cell the set-up is broken; the SSM's accuracy must fall as the pairs grow at
-# its fixed state; and every arm that is said to learn must beat the chance of copying a
-# context value.
+# on the easiest cell the set-up is broken; an SSM that learns must lose accuracy as the pairs
+# grow at its fixed state (an SSM that does not learn at this budget is said to, and its fall
+# is not counted as evidence); and every arm that is said to learn must beat the chance of
+# copying a context value.
 
 # %%
 anchor = za.anchors(runs)
 if not SMALL:
     assert anchor["dot_ok"], f"dot at the easiest cell: {anchor['dot_easiest']}"
-    assert anchor.get("ssm_ok"), f"the SSM does not fall with pairs: {anchor.get('ssm_fall')}"
+    # the fall is a statement about recall only for an SSM that learns (see the text below)
+    assert anchor.get("ssm_ok") or "ssm" not in anchor["learners"], anchor.get("ssm_fall")
     assert anchor["chance_ok"], f"a learner is not above chance: {anchor['learners']}"
 fall = anchor.get("ssm_fall")
 viz.markdown(
@@ -207,8 +209,10 @@ viz.markdown(
        if fall else "")
     + (("The SSM learns at the fewest pairs, so the fall is a loss of recall. " if "ssm" in
         anchor["learners"] else "The SSM does not learn at this budget (below halfway from "
-        "chance to perfect at the fewest pairs): its fall follows the chance level 1/N, and "
-        "says nothing yet about its state. ") if fall else "")
+        "chance to perfect at the fewest pairs), so the anchor 'accuracy falls as the pairs grow "
+        f"at fixed state' is {'met only as' if anchor.get('ssm_ok') else 'not met:'} a drift "
+        "with the chance level 1/N, and says nothing yet about its state; the long preset "
+        "(1,000 steps) is where it is decided. ") if fall else "")
     + f"Arms that learn (mean at least halfway from chance {anchor['chance']:.2f} to perfect "
     f"on the easiest cell): {', '.join(anchor['learners']) or 'none'}; each one's interval "
     f"lies above chance: {anchor['chance_ok']}."
