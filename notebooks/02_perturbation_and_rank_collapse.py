@@ -34,9 +34,8 @@
 #   \lVert U_t\rVert_F^2 > 0$) and a large enough rank $r$, a pure Riemannian attention stack
 #   keeps an effective rank above some $f(r, \sigma_U^2) > 1$ at every depth.
 #
-# Every verdict below follows the library's rule (`attention_atlas.stats.verdict`): a smallest
-# effect of interest declared in the experiment module before the runs, an interval over seeds,
-# and one of *supported*, *contradicted*, *not resolved* or *not tested*.
+# Every verdict below follows the library's rule, stated once in `attention_atlas.stats` and
+# printed where the first verdict appears.
 
 # %% tags=["parameters"]
 n_instances = 300  # random instances for the Proposition 3.5 / eq. (13) checks
@@ -75,10 +74,13 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from attention_atlas import claims, viz
+from attention_atlas import claims, stats, viz
 from attention_atlas.experiments import perturbation as pt
 from attention_atlas.experiments import rank_collapse as rc
 from attention_atlas.experiments import stacks as st
+
+# %%
+viz.markdown(stats.RULE_TEXT)
 
 # %% [markdown]
 # ## Proposition 3.5 and eq. (13) on random instances

@@ -108,7 +108,7 @@ import plotly.graph_objects as go
 from IPython.display import display
 from plotly.subplots import make_subplots
 
-from attention_atlas import viz
+from attention_atlas import stats, viz
 from attention_atlas.experiments import fiber_bundle as fb
 from attention_atlas.experiments import fiber_bundle_verdicts as V
 from attention_atlas.experiments.fiber_bundle_analysis import TYPE_NAMES
@@ -149,12 +149,12 @@ def outcome_line(key):
 #
 # Every prediction is an *effect against a control*, paired by seed (the same seed gives the
 # same data order and, across the Fiber Bundle arms, the same initial weights), decided by the
-# library's one rule, `attention_atlas.stats.verdict`: *supported* when the 95% interval of the
-# effect excludes zero on the predicted side and does not rule out the smallest effect of
-# interest; *contradicted* when the interval rules out an effect of that size in the predicted
-# direction; *not resolved* otherwise (then the smallest effect the runs could have detected is
-# reported); *not tested* when the comparison cannot be made. The smallest effects of interest
-# are constants of `fiber_bundle_verdicts`, fixed before any result was read:
+# library's one rule (printed below); the smallest effects of interest are constants of
+# `fiber_bundle_verdicts`, fixed before any result was read:
+
+# %%
+viz.markdown(stats.RULE_TEXT)
+
 
 # %%
 display(pd.DataFrame({"smallest effect": V.SESOI, "why": V.SESOI_REASON}).rename_axis("effect"))

@@ -127,7 +127,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from attention_atlas import results, viz
+from attention_atlas import claims, results, stats, viz
 from attention_atlas.cofactor import (
     cofactor_penalty,
     principal_cofactors,
@@ -136,6 +136,7 @@ from attention_atlas.cofactor import (
     stability_margin,
     toward_reducible,
 )
+from attention_atlas.cofactor.diagnostics import GAP_TOL
 from attention_atlas.cofactor.references import TARGETS
 from attention_atlas.experiments import cofactor as experiment
 from attention_atlas.experiments import cofactor_analysis as analysis
@@ -597,11 +598,12 @@ viz.markdown(f"*{grid.provenance.text}.*")
 # %% [markdown]
 # When does the regulariser act? The harness logs the cofactor diagnostic of the regularised
 # heads at every log step (on two validation sequences): their log-margin and the fraction of
-# them that are nearly disconnected (spectral gap below 0.05), by arm.
+# them that are nearly disconnected (spectral gap below `GAP_TOL`, printed with the figure), by
+# arm.
 
 # %%
 fig = make_subplots(1, 2, subplot_titles=("log-margin, regularised heads",
-                                          "fraction nearly disconnected (gap < 0.05)"))  # fmt: skip
+                                          f"fraction nearly disconnected (gap < {GAP_TOL:g})"))  # fmt: skip
 for col, column in enumerate(["cofactor/cofactor_log_margin", "cofactor/frac_disconnected"], 1):
     for name, params in configs.items():
         steps, values = analysis.history_matrix(
@@ -646,15 +648,19 @@ viz.markdown(
 #
 # The seed's criteria: *fewer nearly disconnected heads, lower gradient spikes, and equal or
 # better validation accuracy*. Each is the regularised arm minus the baseline arm, paired by
-# seed, judged by the book's one rule (`attention_atlas.stats.verdict`) against a smallest effect
-# of interest (SESOI) declared in `attention_atlas.experiments.cofactor_analysis.SESOI` before the
-# runs: *supported* when the interval excludes zero on the predicted side and does not rule out
-# the SESOI, *contradicted* when it rules out an effect of the SESOI, *not resolved* otherwise,
-# *not tested* when the baseline has nothing to remove. "Equal or better" is tested as the
+# seed, judged by the book's one rule (printed below) against a smallest effect of interest
+# (SESOI) declared in `attention_atlas.experiments.cofactor_analysis.SESOI` before the runs;
+# *not tested* also when the baseline has nothing to remove. "Equal or better" is tested as the
 # verdict on harm (a drop of accuracy, or a rise of bits per character, of at least the SESOI),
-# read the other way round. A verdict decides nothing at a scale where the baseline has not left
-# the bigram regime (above 3 bits per character) or is less than halfway from chance to perfect
-# accuracy: there it is *not tested*, with its interval still shown.
+# read the other way round.
+
+# %%
+viz.markdown(
+    stats.RULE_TEXT + " A verdict decides nothing at a scale where the baseline has not left "
+    f"the bigram regime (above {claims.BIGRAM_BPC:g} bits per character) or is less than halfway "
+    "from chance to perfect accuracy: it is reported as not tested."
+)
+
 
 # %%
 criteria = analysis.criteria(grid.frame)

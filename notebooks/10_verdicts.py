@@ -21,17 +21,11 @@
 #
 # **The rule.** A mathematical claim (an identity, a bound, a cost count) is decided by a
 # float64 check that runs when this page is built: *supported* if it holds, *contradicted* if
-# it fails. An empirical claim is decided by one rule (`attention_atlas.stats.verdict`): the
-# chapter declares, before reading the results, the smallest effect it would care about; the
-# effect is measured against a control, over at least three seeds, with a 95% interval.
-# The claim is *supported* when the interval excludes zero on the predicted side and reaches
-# the smallest effect of interest, *contradicted* when the interval rules out an effect that
-# large in the predicted direction, and *not resolved* otherwise (with the smallest effect the
-# runs could have detected). A claim is *not tested* when the book could not test it, with the
-# reason; in particular, a training verdict states its scale (steps, tokens, the dot-product
-# baseline at the same budget), and models that have not left the bigram regime (a
-# dot-product baseline above 3 bits per character) cannot support or contradict anything.
+# it fails. An empirical claim is decided by one rule, measured against a control (the rule is
+# printed below, from `attention_atlas.stats.RULE_TEXT`, with the training-scale gate of
+# `attention_atlas.claims`).
 # Absence of a difference is never a "holds".
+
 
 # %% tags=["parameters"]
 smoke_checks = False  # toy sizes for the computed checks (the tests' smoke run)
@@ -47,7 +41,7 @@ apply_smoke(SMOKE, globals())
 import plotly.graph_objects as go
 from IPython.display import display
 
-from attention_atlas import claims, viz
+from attention_atlas import claims, stats, viz
 from attention_atlas.notebooks import chapters, repo_root
 from attention_atlas.stats import OUTCOMES
 
@@ -64,6 +58,14 @@ viz.markdown(
     f"The register holds **{len(register)} claims** from {len(claims.SEEDS)} seeds: "
     + ", ".join(f"{int(counts[o].sum())} {o}" for o in OUTCOMES)
     + "."
+)
+
+# %%
+viz.markdown(
+    stats.RULE_TEXT + " A training verdict states its scale (steps, tokens, the dot-product "
+    "baseline at the same budget), and models that have not left the bigram regime (a "
+    f"dot-product baseline above {claims.BIGRAM_BPC:g} bits per character) cannot support or "
+    "contradict anything."
 )
 
 # %% [markdown]

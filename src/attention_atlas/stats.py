@@ -175,6 +175,20 @@ class Verdict:
         return f"{self.outcome}: {self.reason}"
 
 
+#: the verdict rule of :func:`verdict` in words, for the chapters (one home: they render it)
+RULE_TEXT = (
+    "Each claim about an effect is decided by the library's one rule "
+    "(`attention_atlas.stats.verdict`) against a smallest effect of interest (SESOI) declared "
+    "before the runs, from the 95% interval of the effect over at least "
+    f"{MIN_RUNS} seeds: *contradicted* when the interval rules out a predicted effect as large "
+    "as the SESOI (it lies below it, or on the other side of zero); *supported* when it is not "
+    "contradicted and the interval excludes zero on the predicted side; *not resolved* "
+    "otherwise (then the smallest effect the runs could have told from zero is reported); "
+    "*not tested* when the comparison could not be made, with the reason. A claim of no "
+    "effect is supported when the whole interval lies within the SESOI."
+)
+
+
 def verdict(
     effect: Interval | None,
     *,

@@ -17,7 +17,11 @@ from torch import Tensor
 from .cofactors import lu_cofactors
 from .heads import attention_probs, select_heads
 
-__all__ = ["cofactor_diagnostics", "diagnostic", "spectral_gap"]
+__all__ = ["GAP_TOL", "cofactor_diagnostics", "diagnostic", "spectral_gap"]
+
+
+#: spectral gap below which a head counts as nearly disconnected (``frac_disconnected``)
+GAP_TOL = 0.05
 
 
 def spectral_gap(A: Tensor) -> Tensor:
@@ -39,7 +43,7 @@ def cofactor_diagnostics(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | int | None = None,
     near_zero: float = 1e-2,
-    gap_tol: float = 0.05,
+    gap_tol: float = GAP_TOL,
     max_items: int | None = 8,
 ) -> dict[str, float]:
     """Cofactor health of the selected heads, averaged over layers, heads and batch items.

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..claims import Outcome, TrainingScale, outcome_from_verdict
+from ..cofactor.diagnostics import GAP_TOL
 from ..stats import Interval, Verdict, mean_interval, paired_difference, verdict
 
 __all__ = [
@@ -51,7 +52,7 @@ ARMS = ("baseline", "cofactor")
 #: smallest effects of interest of the criteria, in the units of each effect (cofactor minus
 #: baseline, paired by seed), fixed with the code before any run was read
 SESOI: dict[str, float] = {
-    # one regularised head-item in twenty leaving the nearly disconnected set (gap < 0.05)
+    # one regularised head-item in twenty leaving the nearly disconnected set (gap < GAP_TOL)
     "frac_disconnected (reg heads)": 0.05,
     # one gradient spike fewer in every 200 steps: as often as a reader would see one in a curve
     "grad_spike_rate": 5.0,
@@ -63,7 +64,7 @@ SESOI: dict[str, float] = {
     "val_bpc": 0.02,
 }
 
-_DISCONNECTED = "fraction of nearly disconnected regularised heads (gap < 0.05)"
+_DISCONNECTED = f"fraction of nearly disconnected regularised heads (gap < {GAP_TOL:g})"
 #: the criteria: (claim key or None, task, metric, direction of the claimed effect, what it
 #: measures). Direction "-1": the claim predicts a decrease; "noninferior-acc" /
 #: "noninferior-bpc": equal or better (no drop of accuracy, no rise of bpc, of SESOI or more).
