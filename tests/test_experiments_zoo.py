@@ -34,11 +34,30 @@ def test_the_grid_is_a_cross_with_the_centre_once_and_longer_sequences_for_many_
     assert (sel["model"]["dim"], sel["task"]["n_pairs"]) == (64, 8)
     others = {k for k, v in g.items() if not k.startswith("mqar/")}
     assert others == {"ptb/dot", "ptb/ssm", "ptb/riemannian", "time/w64-p8",
-                      "ablation/mlp/w64-p4", "ablation/tied/w64-p4"}  # fmt: skip
+                      "ablation/mlp/w64-p4", "ablation/tied/w64-p4", "ablation/noshift/w64-p4",
+                      "ablation/ssm-init/w64-p8"}  # fmt: skip
     mlp, tied = g["ablation/mlp/w64-p4"], g["ablation/tied/w64-p4"]  # at the easiest cell
-    assert mlp["model"] == {**mqar["mqar/dot/w64-p4"]["model"], "mlp_ratio": 4.0}
-    assert tied["model"] == {**mqar["mqar/dot/w64-p4"]["model"], "tie_embeddings": True}
+    noshift = g["ablation/noshift/w64-p4"]
+    dot = mqar["mqar/dot/w64-p4"]["model"]
+    assert dot["token_shift"] is True and "attention_options" not in dot
+    assert mlp["model"] == {**dot, "mlp_ratio": 4.0}
+    assert tied["model"] == {**dot, "tie_embeddings": True}
+    assert noshift["model"] == {**dot, "token_shift": False}
     assert mlp["selection"] == tied["selection"] == mqar["mqar/dot/w64-p4"]["selection"]
+    # every SSM cell (and its char-PTB and timing models) starts from the recall initialisation;
+    # the ablation is the same cell with the SSM's own defaults
+    ssm = mqar["mqar/ssm/w64-p8"]
+    assert all(v["model"]["attention_options"] == zoo.SSM_RECALL_INIT
+               for k, v in mqar.items() if "/ssm/" in k)  # fmt: skip
+    assert g["ptb/ssm"]["model"]["attention_options"] == zoo.SSM_RECALL_INIT
+    assert g["time/w64-p8"]["arm_model"]["ssm"]["attention_options"] == zoo.SSM_RECALL_INIT
+    init = g["ablation/ssm-init/w64-p8"]
+    assert init["model"] == {k: v for k, v in ssm["model"].items() if k != "attention_options"}
+    assert init["selection"] == ssm["selection"] and init["variant"] == "ssm"
+    plain = zoo.chapter_grid(variants=["dot", "ssm"], token_shift=False, ssm_recall_init=False)
+    assert not any(k.startswith(("ablation/noshift", "ablation/ssm-init")) for k in plain)
+    assert all(v["model"]["token_shift"] is False and "attention_options" not in v["model"]
+               for k, v in plain.items() if k.startswith(("mqar/", "ptb/")))  # fmt: skip
     with pytest.raises(ValueError, match="the centre"):
         zoo.chapter_grid(widths=[32], pairs=[4], centre_width=64, centre_pairs=4)
     with pytest.raises(ValueError, match="unknown arm"):
@@ -234,13 +253,20 @@ def test_the_ablation_table_sets_the_protocol_beside_each_change():
             for c, acc in (("mqar/dot/w128-p4", [1.0, 1.0, 0.99]),
                            ("ablation/mlp/w128-p4", [0.3, 0.25, 0.28]),
                            ("ablation/tied/w128-p4", [0.26, 0.27, 0.25]),
+                           ("mqar/ssm/w64-p8", [0.9, 0.8, 0.7]),
+                           ("ablation/ssm-init/w64-p8", [0.1, 0.2, 0.3]),
                            ("mqar/dot/w64-p4", [0.2, 0.2, 0.2]))
             for s, a in enumerate(acc)]  # fmt: skip
     t = za.ablation_table(pd.DataFrame(rows))
     assert list(t.index) == [
-        "protocol (no MLP, untied)",
-        "with an MLP (4 D)",
-        "with tied embeddings",
+        "dot w128-p4: the protocol",
+        "dot w128-p4: with an MLP (4 D)",
+        "dot w128-p4: with tied embeddings",
+        "ssm w64-p8: the protocol",
+        "ssm w64-p8: with Mamba-2's initialisation",
     ]
-    assert set(t["cell"]) == {"w128-p4"} and t.iloc[1]["test accuracy"].startswith("0.277 [")
+    assert t.iloc[1]["test accuracy"].startswith("0.277 [")
+    assert t.iloc[3]["test accuracy"].startswith("0.800 [") and t.iloc[4][
+        "test accuracy"
+    ].startswith("0.200 [")
     assert za.ablation_table(pd.DataFrame(rows[-3:])).empty

@@ -58,6 +58,25 @@ def test_lm_is_causal_a_future_token_does_not_change_past_logits():
     assert not torch.allclose(a[:, 6:], b[:, 6:])
 
 
+def test_token_shift_adds_the_previous_positions_embedding_through_a_learned_map():
+    model = lm(token_shift=True).double()
+    x = torch.randint(0, 11, (2, 7))
+    e = model.tok_emb.weight[x] + model.pos_emb[0, :7]  # (B, L, D)
+    W = model.shift.weight
+    expect = e.clone()
+    for t in range(1, 7):  # h_t = e_t + W e_{t-1}; h_0 = e_0
+        expect[:, t] += e[:, t - 1] @ W.T
+    torch.testing.assert_close(model.embed(x), expect, atol=1e-12, rtol=0)
+    y = x.clone()  # still causal: a change at position 4 moves logits from 4 on only
+    y[0, 4] = (y[0, 4] + 1) % 11
+    a, b = model(x).logits, model(y).logits
+    torch.testing.assert_close(a[:, :4], b[:, :4], atol=0, rtol=0)
+    assert not torch.allclose(a[0, 5], b[0, 5])  # position 5 sees 4 through the shift too
+    plain = param_counts(lm())["total"]
+    assert param_counts(lm(token_shift=True))["total"] == plain + 16 * 16
+    assert lm(token_shift=False).shift is None
+
+
 @pytest.mark.parametrize("pool", ["mean", "cls"])
 def test_classifier_output_shapes(pool):
     torch.manual_seed(0)

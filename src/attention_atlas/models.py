@@ -79,6 +79,9 @@ class ModelConfig:
     attention_options: dict[str, Any] = field(default_factory=dict)  # ... with these options
     layers: list[dict[str, Any]] | None = None  # per-layer [{"name": ..., **options}] override
     tie_embeddings: bool = True  # lm: output matrix = token embedding matrix
+    token_shift: bool = (
+        False  # lm: add W h_{t-1} to each embedding h_t (H3's shift; Fu et al. 2023)
+    )
     pool: str = "mean"  # classify: "mean" over patch tokens or a learned "cls" token
     causal: bool | None = None  # default: True for "lm", False for "classify"
 
@@ -159,15 +162,8 @@ class Block(nn.Module):
         super().__init__()
         name, opts = cfg.layer_spec(layer)
         self.ln_1 = nn.LayerNorm(cfg.dim, bias=cfg.bias)
-        self.attn = build_attention(
-            name,
-            dim=cfg.dim,
-            n_heads=cfg.n_heads,
-            head_dim=cfg.head_dim,
-            bias=cfg.bias,
-            dropout=cfg.dropout,
-            **opts,
-        )
+        kw = {"head_dim": cfg.head_dim, "bias": cfg.bias, "dropout": cfg.dropout, **opts}
+        self.attn = build_attention(name, dim=cfg.dim, n_heads=cfg.n_heads, **kw)
         self.ln_2 = nn.LayerNorm(cfg.dim, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
@@ -196,6 +192,7 @@ class Transformer(nn.Module):
         n_pos = cfg.max_len + (1 if cfg.task == "classify" and cfg.pool == "cls" else 0)
         self.pos_emb = nn.Parameter(torch.zeros(1, n_pos, d))
         self.drop = nn.Dropout(cfg.dropout)
+        self.shift = nn.Linear(d, d, bias=False) if cfg.token_shift and cfg.task == "lm" else None
         self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
         self.ln_f = nn.LayerNorm(d, bias=cfg.bias)
         if cfg.task == "lm":
@@ -215,6 +212,8 @@ class Transformer(nn.Module):
         else:
             nn.init.normal_(self.patch_emb.weight, std=std)
             nn.init.zeros_(self.patch_emb.bias)
+        if self.shift is not None:
+            nn.init.normal_(self.shift.weight, std=std)
         if not (self.cfg.task == "lm" and self.cfg.tie_embeddings):
             nn.init.normal_(self.head.weight, std=std)
         if self.head.bias is not None:
@@ -255,8 +254,10 @@ class Transformer(nn.Module):
                 raise ValueError(
                     f"lm inputs must be token ids in [0, {cfg.vocab_size}), got ids in [{lo}, {hi}]"
                 )
-            h = self.tok_emb(inputs)  # (B, L, D)
-            return h + self.pos_emb[:, : inputs.shape[1]]
+            h = self.tok_emb(inputs) + self.pos_emb[:, : inputs.shape[1]]  # (B, L, D)
+            if self.shift is not None:  # h_t + W h_{t-1}, with h_{-1} = 0
+                h = h + self.shift(F.pad(h, (0, 0, 1, 0))[:, :-1])
+            return h
         if inputs.dim() != 3 or inputs.shape[-1] != cfg.patch_dim:
             raise ValueError(
                 f"classify inputs must be patches (B, P, {cfg.patch_dim}), got {tuple(inputs.shape)}"

@@ -50,6 +50,7 @@ __all__ = [
     "model_config",
     "outcomes",
     "NO_MLP",
+    "SSM_RECALL_INIT",
     "quiet_no_mlp",
     "run_cell",
     "select_lr",
@@ -80,6 +81,16 @@ SESOI: dict[str, float] = {
 #: record metrics that are timings or depend on the machine's load (not compared by verify)
 VOLATILE_METRICS = ("*_ms", "ratio_*", "steps_done", "val_bpc", "val_loss_ptb", "tokens_seen")
 
+#: the SSM arm's initialisation for recall (:class:`~attention_atlas.attention.sma.SSMAttention`
+#: options): steps ``dt`` log-uniform in [0.1, 1] and rates ``-A`` in [0.01, 0.1], so that the
+#: state decays over tens of positions, the length of an MQAR sequence. Mamba-2's defaults
+#: (``dt`` in [1e-3, 0.1], ``-A`` in [1, 16]), made for long language contexts, shrink the
+#: output by ``dt`` and forget within a few positions: measured here (width 64, 8 pairs,
+#: length 64, vocabulary 128, token shift, lr 1e-3, seed 0), test accuracy 0.34 after 3,000
+#: steps with them against 1.00 after 1,000 with these. The grid's ``ablation/ssm-init`` cell
+#: measures the difference at every seed.
+SSM_RECALL_INIT: dict[str, Any] = {"dt_min": 0.1, "dt_max": 1.0, "a_init_range": [0.01, 0.1]}
+
 #: ``mlp_ratio`` of a block without MLP: ``int(ratio * D) = 0`` hidden units for any D < 10,000
 NO_MLP = 1e-4
 
@@ -96,7 +107,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "book": {},
     "long": {
         "widths": [32, 64, 128], "pairs": [4, 8, 16, 32], "centre_width": 64, "centre_pairs": 8,
-        "seq_len": 64, "vocab_size": 128, "steps": 1000, "batch_size": 32, "log_every": 100,
+        "seq_len": 64, "vocab_size": 512, "steps": 1000, "batch_size": 32, "log_every": 100,
         "centre_only": [], "ptb_budget_s": 120.0, "time_batch": 32,
     },
 }  # fmt: skip
@@ -137,14 +148,14 @@ def chapter_grid(
     variants: Sequence[str] = VARIANTS,
     widths: Sequence[int] = (64, 128),
     pairs: Sequence[int] = (4, 8),
-    centre_width: int = 128,
+    centre_width: int = 64,
     centre_pairs: int = 4,
     centre_only: Sequence[str] = ("riemannian", "fiber_bundle"),
     seq_len: int = 32,
     vocab_size: int = 64,
     n_heads: int = 1,
     n_layers: int = 2,
-    steps: int = 400,
+    steps: int = 300,
     batch_size: int = 32,
     lrs: Sequence[float] = (1e-3, 3e-3, 1e-2),
     select_seed: int = 0,
@@ -155,7 +166,7 @@ def chapter_grid(
     log_every: int = 50,
     cofactor_weight: float = 1e-3,
     cofactor_beta: float = 0.1,
-    ptb_budget_s: float = 10.0,
+    ptb_budget_s: float = 8.0,
     ptb_dim: int = 64,
     ptb_seq_len: int = 64,
     ptb_batch: int = 32,
@@ -164,6 +175,8 @@ def chapter_grid(
     time_batch: int = 32,
     time_reps: int = 5,
     ablations: bool = True,
+    token_shift: bool = True,
+    ssm_recall_init: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """The cross of MQAR cells (``mqar/<variant>/w<W>-p<N>``), one char-PTB cell per variant
     (``ptb/<variant>``) and one timing cell (``time/w<W>-p<N>``), by name.
@@ -173,9 +186,14 @@ def chapter_grid(
     slowest arms out of the other cells). Every cell carries its learning-rate selection (the
     centre cell's model, task and training at each of ``lrs`` on ``select_seed``), so a cell is
     self-contained. The blocks have no MLP (:data:`NO_MLP`), as Zoology's MQAR models; with
-    ``ablations``, two dot-product cells at the easiest setting (fewest pairs, widest) test that
-    choice: ``ablation/mlp/...`` (an MLP of 4 D) and ``ablation/tied/...`` (tied embeddings),
-    each at dot's chosen learning rate.
+    ``token_shift`` every model adds a learned map of the previous position's embedding to each
+    embedding (:class:`~attention_atlas.models.ModelConfig`), the short convolution of H3 and
+    Zoology's Based, so that one attention layer can bind a key to the value that follows it;
+    with ``ssm_recall_init`` the SSM arm starts from :data:`SSM_RECALL_INIT`. With
+    ``ablations``, dot-product cells at the easiest setting (fewest pairs, widest) test those
+    choices at dot's chosen learning rate: ``ablation/mlp/...`` (an MLP of 4 D),
+    ``ablation/tied/...`` (tied embeddings) and ``ablation/noshift/...`` (no token shift); and
+    ``ablation/ssm-init/<centre>`` is the SSM arm with Mamba-2's initialisation.
     """
     bad = sorted(set(variants) - set(VARIANTS))
     if bad:
@@ -189,7 +207,7 @@ def chapter_grid(
     def cell(variant: str, width: int, n_pairs: int) -> dict[str, Any]:
         length = max(seq_len, 4 * n_pairs)
         model = {"dim": int(width), "n_layers": n_layers, "n_heads": n_heads,
-                 "tie_embeddings": False, "mlp_ratio": NO_MLP}  # fmt: skip
+                 "tie_embeddings": False, "mlp_ratio": NO_MLP, **arm_model[variant]}  # fmt: skip
         task = {"seq_len": length, "n_pairs": int(n_pairs), "vocab_size": vocab_size,
                 "query_dist": query_dist, "n_train": n_train, "n_val": n_val, "n_test": n_test}  # fmt: skip
         train = {"steps": steps, "batch_size": batch_size, "warmup_steps": max(1, steps // 10),
@@ -201,6 +219,9 @@ def chapter_grid(
         return {"kind": "mqar", "variant": variant, "width": int(width), "pairs": int(n_pairs),
                 "model": model, "task": task, "train": train, "regularizer": reg}  # fmt: skip
 
+    arm_model: dict[str, dict[str, Any]] = {v: {"token_shift": token_shift} for v in variants}
+    if ssm_recall_init and "ssm" in arm_model:
+        arm_model["ssm"]["attention_options"] = dict(SSM_RECALL_INIT)
     configs: dict[str, dict[str, Any]] = {}
     cross = [(w, centre_pairs) for w in widths] + [(centre_width, p) for p in pairs]
     cross = list(dict.fromkeys(cross))
@@ -217,11 +238,20 @@ def chapter_grid(
             **cell(CONTROL, w, p),
             "selection": configs[f"mqar/{CONTROL}/w{w}-p{p}"]["selection"],
         }
-        for name, change in (("mlp", {"mlp_ratio": 4.0}), ("tied", {"tie_embeddings": True})):
+        changes: list[tuple[str, dict[str, Any]]] = [
+            ("mlp", {"mlp_ratio": 4.0}),
+            ("tied", {"tie_embeddings": True}),
+        ]
+        changes += [("noshift", {"token_shift": False})] if token_shift else []
+        for name, change in changes:
             configs[f"ablation/{name}/w{w}-p{p}"] = {**base, "model": {**base["model"], **change}}
+    if ablations and "ssm" in variants and ssm_recall_init:
+        ssm = configs[f"mqar/ssm/w{centre_width}-p{centre_pairs}"]
+        default = {k: v for k, v in ssm["model"].items() if k != "attention_options"}
+        configs[f"ablation/ssm-init/w{centre_width}-p{centre_pairs}"] = {**ssm, "model": default}
     for v in variants:
         model = {"dim": ptb_dim, "n_layers": n_layers, "n_heads": n_heads, "max_len": ptb_seq_len,
-                 "tie_embeddings": False, "mlp_ratio": NO_MLP}  # fmt: skip
+                 "tie_embeddings": False, "mlp_ratio": NO_MLP, **arm_model[v]}  # fmt: skip
         reg = (
             {"name": "cofactor", "weight": cofactor_weight, "heads": 1, "beta": cofactor_beta}
             if v == "cofactor" else None
@@ -234,6 +264,7 @@ def chapter_grid(
     centre = cell(CONTROL, centre_width, centre_pairs)
     configs[f"time/w{centre_width}-p{centre_pairs}"] = {
         "kind": "time", "variants": list(variants), "model": centre["model"],
+        "arm_model": {v: m for v, m in arm_model.items() if v != CONTROL},
         "task": {**centre["task"], "n_train": time_batch, "n_val": 1, "n_test": 1},
         "batch_size": time_batch, "reps": time_reps,
         "cofactor": {"weight": cofactor_weight, "heads": 1, "beta": cofactor_beta},

@@ -444,19 +444,25 @@ def state_table(grid: Any) -> pd.DataFrame:
 
 
 def ablation_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Dot-product attention at the ablations' cell: the protocol's model (no MLP, untied
-    embeddings) against the same with an MLP and with tied embeddings, test accuracy and the
-    learning curve's mean (intervals over seeds). Empty when the grid has no ablations."""
+    """Each ablation beside the protocol's cell it changes, test accuracy and the learning
+    curve's mean (intervals over seeds): dot-product attention at the easiest cell with an MLP,
+    with tied embeddings and without the token shift; the SSM at the centre with Mamba-2's
+    initialisation instead of :data:`~attention_atlas.experiments.zoo.SSM_RECALL_INIT`. Empty
+    when the grid has no ablations."""
     abl = frame[frame["config"].str.startswith("ablation/")]
-    if not len(abl):
-        return pd.DataFrame()
-    cell = abl["config"].iloc[0].rsplit("/", 1)[1]
-    rows = {"protocol (no MLP, untied)": frame[frame["config"] == f"mqar/{CONTROL}/{cell}"]}
-    names = {"mlp": "with an MLP (4 D)", "tied": "with tied embeddings"}
-    for name, label in names.items():
-        rows[label] = abl[abl["config"] == f"ablation/{name}/{cell}"]
+    labels = {"mlp": ("dot", "with an MLP (4 D)"), "tied": ("dot", "with tied embeddings"),
+              "noshift": ("dot", "without the token shift"),
+              "ssm-init": ("ssm", "with Mamba-2's initialisation")}  # fmt: skip
+    rows: dict[str, pd.DataFrame] = {}
+    for config in dict.fromkeys(abl["config"]):
+        _, name, cell = config.split("/")
+        arm, label = labels.get(name, (CONTROL, name))
+        rows.setdefault(
+            f"{arm} {cell}: the protocol", frame[frame["config"] == f"mqar/{arm}/{cell}"]
+        )
+        rows[f"{arm} {cell}: {label}"] = abl[abl["config"] == config]
     return pd.DataFrame.from_dict(
-        {k: {"cell": cell, "test accuracy": interval_text(g["test_acc"]),
+        {k: {"test accuracy": interval_text(g["test_acc"]),
              "learning-curve mean": interval_text(g["learning_auc"])}
          for k, g in rows.items() if len(g)}, orient="index",
     )  # fmt: skip

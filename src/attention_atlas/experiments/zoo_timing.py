@@ -53,7 +53,9 @@ def time_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     task = mqar_task(**params["task"], seed=seed)
     x, y = task.train_x[: params["batch_size"]], task.train_y[: params["batch_size"]]
     model = {**params["model"], "vocab_size": int(params["task"]["vocab_size"])}
-    fns = {v: training_step(v, model, x, y, params["cofactor"], seed) for v in params["variants"]}
+    arm = params.get("arm_model", {})  # each arm's own model settings (the SSM's initialisation)
+    fns = {v: training_step(v, {**model, **arm.get(v, {})}, x, y, params["cofactor"], seed)
+           for v in params["variants"]}  # fmt: skip
     res = compare(fns, "dot", (), backward=False, warmup=1, reps=params["reps"], memory=False)
     out: dict[str, Any] = {"batch_size": params["batch_size"], "seq_len": x.shape[1]}
     for v, r in res["results"].items():
