@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attention_atlas.cofactor import cofactor_penalty, head_probs, softmax_matrices
-from attention_atlas.cofactor.penalty import FastPenalty, regularizer
+from attention_atlas.cofactor.penalty import CausalRowSums, FastPenalty, regularizer
 
 F64 = torch.float64
 
@@ -79,6 +79,22 @@ def test_causal_closed_form_of_a_saturated_token_has_the_exact_gradient():
     others = s[0, [1, 3, 4]].prod()
     torch.testing.assert_close(g[0, 2, :2], (-others / 1e-8).expand(2), rtol=1e-12, atol=0)
     assert torch.isfinite(g).all()
+
+
+def test_causal_row_sums_are_those_of_the_masked_softmax_with_its_gradient():
+    """One node for mask, softmax and strict-lower row sums: the same sums and the same
+    gradient as autograd through the three (float64), and gradcheck."""
+    z = torch.randn(3, 2, 6, 6, dtype=F64, generator=torch.Generator().manual_seed(5))
+    z.requires_grad_(True)
+    w = torch.randn(3, 2, 6, dtype=F64)
+    mask = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    ref = torch.softmax(z.masked_fill(mask, float("-inf")), -1).tril(-1).sum(-1)
+    got = CausalRowSums.apply(z)
+    torch.testing.assert_close(got, ref, rtol=1e-15, atol=1e-15)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), z)
+    (g_got,) = torch.autograd.grad((got * w).sum(), z)
+    torch.testing.assert_close(g_got, g_ref, rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(CausalRowSums.apply, (z,))
 
 
 def test_causal_flag_names_a_matrix_that_is_not_lower_triangular():

@@ -26,7 +26,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["attention_probs", "head_indices", "head_probs", "select_heads"]
+__all__ = [
+    "attention_probs",
+    "head_indices",
+    "head_logits",
+    "head_probs",
+    "select_heads",
+    "strictly_upper",
+]
 
 
 def head_indices(heads: Sequence[int] | int | None, n_heads: int) -> list[int]:
@@ -86,6 +93,49 @@ def _qk_rows(idx: list[int], d: int, inner: int, device: torch.device) -> slice 
     return torch.tensor([r for h in idx for r in range(h * d, (h + 1) * d)], device=device)
 
 
+def _checked_model(model: Any, output: Any) -> tuple[Any, Any]:
+    hidden = getattr(output, "hidden", None)
+    blocks = getattr(model, "blocks", None)
+    if hidden is None or blocks is None or len(hidden) != len(blocks) + 1:
+        raise ValueError(
+            "recomputing head probabilities needs a Transformer and its output's hidden states "
+            f"(n_layers + 1 of them); got blocks={None if blocks is None else len(blocks)}, "
+            f"hidden={None if hidden is None else len(hidden)}"
+        )
+    return hidden, blocks
+
+
+def head_logits(
+    model: Any,
+    output: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = 1,
+    max_items: int | None = None,
+) -> Tensor | None:
+    """Logits ``q_h k_h^T / (sqrt(d) T)`` ``(layers, B, h, L, L)`` of the chosen heads of the
+    chosen layers, before any mask, from the forward's queries and keys or recomputed (module
+    docstring); differentiable. None unless every chosen layer is dot-product attention of one
+    shape and temperature. Arguments as :func:`head_probs`."""
+    from ..attention.dot import DotProductAttention
+
+    hidden, blocks = _checked_model(model, output)
+    chosen = _layer_indices(layers, len(blocks))
+    attns = [blocks[li].attn for li in chosen]
+    idx = head_indices(heads, attns[0].n_heads)
+    if (
+        any(type(a) is not DotProductAttention for a in attns)
+        or len({(a.n_heads, a.head_dim, a.temperature) for a in attns}) > 1
+    ):
+        return None
+    qk = _forward_qk(output, chosen, idx, max_items)
+    if qk is None:
+        qk = _recomputed_qk(blocks, hidden, chosen, idx, max_items)
+    q, k = qk  # (layers, B, h, L, d) each
+    # (layers, B, h, L, L), as DotProductAttention's explicit path
+    return (q @ k.transpose(-2, -1)) / (math.sqrt(q.shape[-1]) * attns[0].temperature)
+
+
 def head_probs(
     model: Any,
     output: Any,
@@ -111,40 +161,28 @@ def head_probs(
         layers, heads: as :func:`select_heads` (the same heads in every layer).
         max_items: only the first ``max_items`` batch items.
     """
-    from ..attention.dot import DotProductAttention, masked_softmax
+    from ..attention.dot import masked_softmax
 
-    hidden = getattr(output, "hidden", None)
-    blocks = getattr(model, "blocks", None)
-    if hidden is None or blocks is None or len(hidden) != len(blocks) + 1:
-        raise ValueError(
-            "recomputing head probabilities needs a Transformer and its output's hidden states "
-            f"(n_layers + 1 of them); got blocks={None if blocks is None else len(blocks)}, "
-            f"hidden={None if hidden is None else len(hidden)}"
-        )
+    logits = head_logits(model, output, layers=layers, heads=heads, max_items=max_items)
     causal = bool(model.cfg.is_causal)
-    chosen = _layer_indices(layers, len(blocks))
-    attns = [blocks[li].attn for li in chosen]
-    idx = head_indices(heads, attns[0].n_heads)
-    if (
-        any(type(a) is not DotProductAttention for a in attns)
-        or len({(a.n_heads, a.head_dim, a.temperature) for a in attns}) > 1
-    ):  # another variant, or mixed shapes: each layer's own explicit path
+    if logits is None:  # another variant, or mixed shapes: each layer's own explicit path
+        hidden, blocks = _checked_model(model, output)
+        chosen = _layer_indices(layers, len(blocks))
+        idx = head_indices(heads, blocks[chosen[0]].attn.n_heads)
         return torch.stack([
-            select_heads([a(blocks[li].ln_1(hidden[li][:max_items]), causal=causal, mask=None,
-                            need_weights=True).probs], None, idx)[0]
-            for li, a in zip(chosen, attns)
+            select_heads([blocks[li].attn(blocks[li].ln_1(hidden[li][:max_items]), causal=causal,
+                                          mask=None, need_weights=True).probs], None, idx)[0]
+            for li in chosen
         ])  # fmt: skip
-    qk = _forward_qk(output, chosen, idx, max_items)
-    if qk is None:
-        qk = _recomputed_qk(blocks, hidden, chosen, idx, max_items)
-    q, k = qk  # (layers, B, h, L, d) each
-    d, n = q.shape[-1], q.shape[-2]
-    # (layers, B, h, L, L), as DotProductAttention's explicit path
-    logits = (q @ k.transpose(-2, -1)) / (math.sqrt(d) * attns[0].temperature)
     if not causal:
         return masked_softmax(logits, None)
-    upper = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-    return torch.softmax(logits.masked_fill(upper, float("-inf")), -1)  # no row is all masked
+    return torch.softmax(logits.masked_fill(strictly_upper(logits), float("-inf")), -1)
+
+
+def strictly_upper(logits: Tensor) -> Tensor:
+    """The causal mask of ``logits (..., L, L)``: True above the diagonal (no row all True)."""
+    n = logits.shape[-1]
+    return torch.ones(n, n, dtype=torch.bool, device=logits.device).triu(1)
 
 
 def _forward_qk(

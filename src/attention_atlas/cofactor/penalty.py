@@ -54,10 +54,11 @@ from .cofactors import (
     _with_fallback,
     lu_cofactors,
 )
-from .heads import attention_probs, head_probs, select_heads
+from .heads import attention_probs, head_logits, head_probs, select_heads, strictly_upper
 
 __all__ = [
     "PENALTY_METHODS",
+    "CausalRowSums",
     "FastPenalty",
     "cofactor_flops",
     "cofactor_penalty",
@@ -144,9 +145,40 @@ def _lu_autograd(A64: Tensor) -> tuple[Tensor, Tensor]:
 def _causal_penalty(A: Tensor, beta: float, eps: float) -> Tensor:
     """The penalty of lower-triangular ``A (..., n, n)`` by the closed form of the module
     docstring (``c = m e_0``, ``m = prod_{i>=1} s_i``), per matrix ``(...)``, float64."""
-    n = A.shape[-1]
-    s = A.tril(-1).sum(-1, dtype=torch.float64)[..., 1:]  # L_ii = sum_{j<i} A_ij, i >= 1
-    m = s.prod(-1)  # det M = c_0 = sum c
+    s = A.tril(-1).sum(-1, dtype=torch.float64)  # L_ii = s_i = sum_{j<i} A_ij
+    return _causal_loss(s, beta, eps)
+
+
+class CausalRowSums(torch.autograd.Function):
+    """``s_i = sum_{j<i} A_ij`` (float64, ``(..., n)``) of ``A = softmax`` of causally masked
+    ``logits (..., n, n)``: the softmax, the mask and the sums as one node, whose backward is
+    the softmax's written out for a gradient constant along each row's strict lower part,
+    ``dz_ij = A_ij g_i ([j < i] - s_i)`` (``dA_ij = g_i [j < i]``, ``sum_k A_ik dA_ik = g_i
+    s_i``), in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, logits: Tensor) -> Tensor:  # type: ignore[override]
+        upper = strictly_upper(logits)
+        A = torch.softmax(logits.masked_fill(upper, float("-inf")), -1)
+        s = A.tril(-1).sum(-1, dtype=torch.float64)
+        ctx.save_for_backward(A, s)
+        return s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, g: Tensor) -> Tensor:  # type: ignore[override]
+        A, s = ctx.saved_tensors  # type: ignore[attr-defined]
+        n = A.shape[-1]
+        lower = torch.ones(n, n, dtype=A.dtype, device=A.device).tril_(-1)  # [j < i]
+        w = lower - s.to(A.dtype).unsqueeze(-1)  # (..., n, n)
+        return w.mul_(g.to(A.dtype).unsqueeze(-1)).mul_(A)
+
+
+def _causal_loss(s: Tensor, beta: float, eps: float) -> Tensor:
+    """The closed-form penalty per matrix ``(...)`` from the row sums ``s (..., n)`` of a
+    causal head (``s_0 = 0`` is not used)."""
+    n = s.shape[-1]
+    m = s[..., 1:].prod(-1)  # det M = c_0 = sum c
     log_m_eps = torch.log(m + eps)
     loss = -log_m_eps  # the seed's -log(|m| + eps)
     if beta:  # p = (m + eps, eps, ..., eps), S = m + n eps: KL = log S - mean log p - log n
@@ -293,6 +325,11 @@ def regularizer(
         return cofactor_regularizer_from_probs(
             probs, layers=layers, heads=heads, max_items=max_items, **opts
         )
+    if causal and method == "lu":  # dot-product heads: the logits are all the closed form needs
+        logits = head_logits(model, output, layers=layers, heads=heads, max_items=max_items)
+        if logits is not None:
+            s = CausalRowSums.apply(logits.flatten(0, -3))
+            return _causal_loss(s, float(beta), float(eps)).mean()
     probs_sel = head_probs(model, output, layers=layers, heads=heads, max_items=max_items)
     n = probs_sel.shape[-1]
     if method not in PENALTY_METHODS:
