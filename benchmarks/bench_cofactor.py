@@ -5,7 +5,8 @@
    40x at n = 64 and 100x at n = 128, most of the ratio of the arithmetic (about n).
 2. ``--step``: whole training steps of the harness at chapter 6's shapes (the ``book`` preset)
    and at its ``long`` preset's, for each task: the baseline, the regularised arm (the fast path:
-   the chosen heads' probabilities recomputed, the LU differentiated by hand) and the reference
+   the chosen heads' probabilities from the forward's queries and keys, the LU differentiated by
+   hand, no LU for causal heads) and the reference
    path (every head's probabilities from the explicit path, torch's autograd through the LU: the
    implementation before the fast path), interleaved in one process
    (:func:`attention_atlas.experiments.cofactor_timing.step_overhead`). Target: the regulariser

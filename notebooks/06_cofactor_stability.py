@@ -545,13 +545,15 @@ flops_df
 # ### What the regulariser costs in time
 #
 # FLOPs may hide most of the real cost: a batched LU of many small float64 matrices is
-# latency-bound, and so are the many small operations around it. The regulariser recomputes the
-# probabilities of the regularised heads only (so the model's forward stays on the fused SDPA
-# kernel) and differentiates the LU by hand (one inverse from the stored factors); the
-# reference path is the previous implementation (every head's probabilities from the explicit
-# path, torch's autograd through the LU). The cell times whole training steps of the harness
-# (forward, loss, regulariser, backward, clipping, AdamW) side by side in one process, at this
-# grid's shapes.
+# latency-bound, and so are the many small operations around it. The regulariser forms the
+# probabilities of the regularised heads only, from the forward's own queries and keys (so the
+# model's forward stays on the fused SDPA kernel and nothing is recomputed); on the digits'
+# bidirectional heads it differentiates the LU by hand (the inverse taken once from the stored
+# factors); on the causal LM heads it needs no LU at all, since $c = (\prod_{j\ge1}(1-A_{jj}))
+# e_0$ (section 1) gives the same penalty from the heads' row sums. The reference path is the
+# first implementation (every head's probabilities from the explicit path, torch's autograd
+# through the LU). The cell times whole training steps of the harness (forward, loss,
+# regulariser, backward, clipping, AdamW) side by side in one process, at this grid's shapes.
 
 # %%
 overhead = {task: step_overhead(configs, task, reps=overhead_reps) for task in analysis.TASKS}

@@ -118,6 +118,13 @@ class DotProductAttention(Attention):
     ``temperature`` ``T``: ``softmax(q k^T / (sqrt(d) T)) v``; ``T < 1`` sharpens the attention
     (the temperature-matched control of chapter 4's prediction P5), ``T = 1`` is the standard
     scale.
+
+    Under autograd the SDPA path's result carries the queries and keys ``(B, H, L, d)`` in
+    ``extras["query"]`` and ``extras["key"]`` (views of the projection, which SDPA saves for
+    its backward anyway): a caller that needs a few heads' probabilities (the cofactor
+    regulariser, :func:`attention_atlas.cofactor.heads.head_probs`) takes them instead of
+    recomputing the projection. Without autograd nothing is attached, so no layer's projection
+    outlives its layer.
     """
 
     name = "dot"
@@ -147,7 +154,10 @@ class DotProductAttention(Attention):
         scale = (
             None if self.temperature == 1.0 else 1.0 / (math.sqrt(q.shape[-1]) * self.temperature)
         )
-        return AttentionResult(sdpa(q, k, v, scale=scale, causal=causal, mask=mask))
+        res = AttentionResult(sdpa(q, k, v, scale=scale, causal=causal, mask=mask))
+        if torch.is_grad_enabled():
+            res.extras.update(query=q, key=k)
+        return res
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (

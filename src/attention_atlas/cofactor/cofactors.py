@@ -180,13 +180,15 @@ def _lu_logdet(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """LU of ``M (..., n, n)``: ``(LU, pivots, log|det|, numerically singular)``.
 
     Numerically singular: a pivot below ``n eps`` times the largest (``rank L < n - 1`` to
-    working precision), a non-finite pivot, or a failed factorisation."""
+    working precision), a non-finite pivot, or a failed factorisation. One comparison decides
+    all three: it is False for a NaN or infinite largest pivot, and LAPACK reports a failure
+    (``info > 0``) only for an exactly zero pivot, below any positive bound."""
     n = M.shape[-1]
-    LU, piv, info = torch.linalg.lu_factor_ex(M)  # (..., n, n), (..., n)
+    LU, piv, _ = torch.linalg.lu_factor_ex(M)  # (..., n, n), (..., n)
     piv_abs = LU.diagonal(dim1=-2, dim2=-1).abs()  # (..., n)
     with torch.no_grad():
-        lo, hi = piv_abs.aminmax(dim=-1)  # NaN pivots give NaN: not finite, and singular
-        singular = (info != 0) | ~(lo > n * torch.finfo(M.dtype).eps * hi) | ~torch.isfinite(hi)
+        lo, hi = piv_abs.aminmax(dim=-1)  # NaN pivots give NaN, and NaN > x is False
+        singular = ~(lo > (n * torch.finfo(M.dtype).eps) * hi)
     return LU, piv, piv_abs.log().sum(-1), singular
 
 

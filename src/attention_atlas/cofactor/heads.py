@@ -2,16 +2,19 @@
 
 The penalty needs the probabilities of a few heads (the seed: one or two per layer), not of
 all of them. Asking the model for ``need_weights=True`` moves *every* head of every layer off
-the fused SDPA kernel onto the explicit path; :func:`head_probs` instead recomputes only the
-chosen heads from each layer's input (``output.hidden[l]``, kept with its autograd graph by
-:class:`~attention_atlas.models.Transformer`), so the training forward stays on SDPA:
+the fused SDPA kernel onto the explicit path; :func:`head_probs` instead forms only the chosen
+heads' probabilities, so the training forward stays on SDPA:
 
-    probs_l[:, h] = softmax(q_h k_h^T / sqrt(d)),   q_h, k_h = rows of qkv(ln_1(hidden[l]))
+    probs_l[:, h] = softmax(q_h k_h^T / (sqrt(d) T)),   q_h, k_h = heads of qkv(ln_1(hidden[l]))
 
-for dot-product attention (the same operations as the explicit path, on the chosen rows of the
-projection only), and the layer's own ``need_weights=True`` call on ``ln_1(hidden[l])`` for any
-other variant. Gradients flow into the projections, the LayerNorm and the residual stream
-exactly as through the explicit path's probabilities.
+for dot-product attention (the operations of its explicit path, on the chosen heads only).
+The queries and keys are the forward's own when its layers returned them (a forward under
+autograd: :class:`~attention_atlas.attention.dot.DotProductAttention` puts them in
+``extras``), so nothing is recomputed; otherwise the chosen rows of the projection are
+recomputed from each layer's input (``output.hidden[l]``, kept with its autograd graph by
+:class:`~attention_atlas.models.Transformer`). Any other variant runs its own
+``need_weights=True`` call on ``ln_1(hidden[l])``. Gradients flow into the projections, the
+LayerNorm and the residual stream exactly as through the explicit path's probabilities.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["attention_probs", "head_indices", "head_probs", "select_heads"]
+__all__ = [
+    "attention_probs",
+    "head_indices",
+    "head_logits",
+    "head_probs",
+    "select_heads",
+    "strictly_upper",
+]
 
 
 def head_indices(heads: Sequence[int] | int | None, n_heads: int) -> list[int]:
@@ -83,6 +93,49 @@ def _qk_rows(idx: list[int], d: int, inner: int, device: torch.device) -> slice 
     return torch.tensor([r for h in idx for r in range(h * d, (h + 1) * d)], device=device)
 
 
+def _checked_model(model: Any, output: Any) -> tuple[Any, Any]:
+    hidden = getattr(output, "hidden", None)
+    blocks = getattr(model, "blocks", None)
+    if hidden is None or blocks is None or len(hidden) != len(blocks) + 1:
+        raise ValueError(
+            "recomputing head probabilities needs a Transformer and its output's hidden states "
+            f"(n_layers + 1 of them); got blocks={None if blocks is None else len(blocks)}, "
+            f"hidden={None if hidden is None else len(hidden)}"
+        )
+    return hidden, blocks
+
+
+def head_logits(
+    model: Any,
+    output: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = 1,
+    max_items: int | None = None,
+) -> Tensor | None:
+    """Logits ``q_h k_h^T / (sqrt(d) T)`` ``(layers, B, h, L, L)`` of the chosen heads of the
+    chosen layers, before any mask, from the forward's queries and keys or recomputed (module
+    docstring); differentiable. None unless every chosen layer is dot-product attention of one
+    shape and temperature. Arguments as :func:`head_probs`."""
+    from ..attention.dot import DotProductAttention
+
+    hidden, blocks = _checked_model(model, output)
+    chosen = _layer_indices(layers, len(blocks))
+    attns = [blocks[li].attn for li in chosen]
+    idx = head_indices(heads, attns[0].n_heads)
+    if (
+        any(type(a) is not DotProductAttention for a in attns)
+        or len({(a.n_heads, a.head_dim, a.temperature) for a in attns}) > 1
+    ):
+        return None
+    qk = _forward_qk(output, chosen, idx, max_items)
+    if qk is None:
+        qk = _recomputed_qk(blocks, hidden, chosen, idx, max_items)
+    q, k = qk  # (layers, B, h, L, d) each
+    # (layers, B, h, L, L), as DotProductAttention's explicit path
+    return (q @ k.transpose(-2, -1)) / (math.sqrt(q.shape[-1]) * attns[0].temperature)
+
+
 def head_probs(
     model: Any,
     output: Any,
@@ -91,8 +144,9 @@ def head_probs(
     heads: Sequence[int] | int | None = 1,
     max_items: int | None = None,
 ) -> Tensor:
-    """Probabilities ``(layers, B, h, L, L)`` of the chosen heads of the chosen layers,
-    recomputed from the layers' inputs ``output.hidden[l]`` (module docstring); differentiable.
+    """Probabilities ``(layers, B, h, L, L)`` of the chosen heads of the chosen layers, from the
+    forward's queries and keys or recomputed from the layers' inputs ``output.hidden[l]``
+    (module docstring); differentiable.
 
     Dot-product layers are computed together, a handful of batched operations for all layers
     (the per-operation overhead, not arithmetic, is what such small tensors cost); any other
@@ -107,29 +161,56 @@ def head_probs(
         layers, heads: as :func:`select_heads` (the same heads in every layer).
         max_items: only the first ``max_items`` batch items.
     """
-    from ..attention.dot import DotProductAttention, masked_softmax
+    from ..attention.dot import masked_softmax
 
-    hidden = getattr(output, "hidden", None)
-    blocks = getattr(model, "blocks", None)
-    if hidden is None or blocks is None or len(hidden) != len(blocks) + 1:
-        raise ValueError(
-            "recomputing head probabilities needs a Transformer and its output's hidden states "
-            f"(n_layers + 1 of them); got blocks={None if blocks is None else len(blocks)}, "
-            f"hidden={None if hidden is None else len(hidden)}"
-        )
+    logits = head_logits(model, output, layers=layers, heads=heads, max_items=max_items)
     causal = bool(model.cfg.is_causal)
-    chosen = _layer_indices(layers, len(blocks))
-    xs = [blocks[li].ln_1(hidden[li][:max_items]) for li in chosen]  # (B, L, D): attention inputs
-    attns = [blocks[li].attn for li in chosen]
-    idx = head_indices(heads, attns[0].n_heads)
-    if (
-        any(type(a) is not DotProductAttention for a in attns)
-        or len({(a.n_heads, a.head_dim) for a in attns}) > 1
-    ):  # another variant, or mixed shapes: each layer's own explicit path
+    if logits is None:  # another variant, or mixed shapes: each layer's own explicit path
+        hidden, blocks = _checked_model(model, output)
+        chosen = _layer_indices(layers, len(blocks))
+        idx = head_indices(heads, blocks[chosen[0]].attn.n_heads)
         return torch.stack([
-            select_heads([a(x, causal=causal, mask=None, need_weights=True).probs], None, idx)[0]
-            for a, x in zip(attns, xs)
+            select_heads([blocks[li].attn(blocks[li].ln_1(hidden[li][:max_items]), causal=causal,
+                                          mask=None, need_weights=True).probs], None, idx)[0]
+            for li in chosen
         ])  # fmt: skip
+    if not causal:
+        return masked_softmax(logits, None)
+    return torch.softmax(logits.masked_fill(strictly_upper(logits), float("-inf")), -1)
+
+
+def strictly_upper(logits: Tensor) -> Tensor:
+    """The causal mask of ``logits (..., L, L)``: True above the diagonal (no row all True)."""
+    n = logits.shape[-1]
+    return torch.ones(n, n, dtype=torch.bool, device=logits.device).triu(1)
+
+
+def _forward_qk(
+    output: Any, chosen: list[int], idx: list[int], max_items: int | None
+) -> tuple[Tensor, Tensor] | None:
+    """The chosen heads' queries and keys ``(layers, B, h, L, d)`` as the forward computed them
+    (``extras["query"]``, ``extras["key"]`` of each chosen layer's result), or None when a
+    layer did not return them (a forward without autograd)."""
+    atts = getattr(output, "attentions", None)
+    if atts is None or len(atts) <= max(chosen):
+        return None
+    extras = [getattr(atts[li], "extras", None) or {} for li in chosen]
+    if not all("query" in e and "key" in e for e in extras):
+        return None
+    heads = slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else idx
+    q = torch.stack([e["query"][:max_items, heads] for e in extras])
+    k = torch.stack([e["key"][:max_items, heads] for e in extras])
+    return q, k
+
+
+def _recomputed_qk(
+    blocks: Any, hidden: Sequence[Tensor], chosen: list[int], idx: list[int],
+    max_items: int | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The chosen heads' queries and keys ``(layers, B, h, L, d)`` recomputed from the layers'
+    inputs: the chosen rows of every layer's projection in one batched product."""
+    attns = [blocks[li].attn for li in chosen]
+    xs = [blocks[li].ln_1(hidden[li][:max_items]) for li in chosen]  # (B, L, D): attention inputs
     d, inner = attns[0].head_dim, attns[0].n_heads * attns[0].head_dim
     rows = _qk_rows(idx, d, inner, xs[0].device)
     x = torch.stack(xs)  # (layers, B, L, D)
@@ -140,6 +221,4 @@ def head_probs(
         b = torch.stack([a.qkv.bias.view(3, inner)[:2, rows] for a in attns])  # (nl, 2, hd)
         qk = qk + b.view(nl, 1, -1)
     q, k = qk.view(nl, bsz, n, 2, len(idx), d).permute(3, 0, 1, 4, 2, 5).unbind(0)
-    logits = (q @ k.transpose(-2, -1)) / math.sqrt(d)  # (nl, B, h, L, L), as DotProductAttention
-    keep = torch.ones(n, n, dtype=torch.bool, device=x.device).tril() if causal else None
-    return masked_softmax(logits, keep)
+    return q, k

@@ -16,11 +16,25 @@ gradients are written out (:class:`FastPenalty`) instead of differentiating the 
     d log|det M| = tr(M^{-1} dM)             ->  G  = g_logm M^{-T}
     M^T x = w  =>  dx = -M^{-T} dM^T x       ->  G -= x (M^{-1} g_x)^T
 
-so the backward is one inverse from the stored LU (``n`` right-hand sides) and a rank-one
-update, and ``dM/dA`` (``M_ij = 1/n - A_ij`` off the diagonal, ``M_ii = 1/n + sum_{j != i}
-A_ij``) gives ``dA_ij = G_ii - G_ij`` (``i != j``), ``dA_ii = 0``. ``method="lu-autograd"``
-differentiates the same LU with torch's autograd (the previous implementation, kept as a
-reference); ``"minors"`` is the ``O(n^4)`` reference.
+so with ``M^{-1}`` (one solve of the stored LU against ``I``, taken in the forward when a
+gradient is wanted, which then also gives ``x`` as the column means of ``M^{-1}``) the backward
+is products and a rank-one update, no further factorisation or solve; ``dM/dA`` (``M_ij = 1/n -
+A_ij`` off the diagonal, ``M_ii = 1/n + sum_{j != i} A_ij``) gives ``dA_ij = G_ii - G_ij``
+(``i != j``), ``dA_ii = 0``. ``method="lu-autograd"`` differentiates the same LU with torch's
+autograd (the previous implementation, kept as a reference); ``"minors"`` is the ``O(n^4)``
+reference.
+
+**Causal attention** (``causal=True``: ``A`` lower triangular, a decoder's heads). Then ``L`` is
+lower triangular with ``L_00 = 0`` and ``L_ii = s_i = sum_{j<i} A_ij``, every minor keeping row
+0 vanishes and (chapter 6, section 1; the matrix determinant lemma gives the same ``det M``)
+
+    c = m e_0,   m = det M = prod_{i>=1} s_i,   x = e_0,
+
+so the penalty is a function of ``m`` alone: ``-log(m + eps) + beta (log(m + n eps) - (log(m +
+eps) + (n - 1) log eps) / n - log n)``, computed from the ``n - 1`` sums ``s_i`` in ``O(n^2)``
+with no factorisation, its gradient by autograd (which, through the product, is exact where an
+``s_i`` vanishes). This holds for every lower-triangular ``A``, so it is the same function the
+general path computes, restricted to the causal inputs it is given.
 """
 
 from __future__ import annotations
@@ -40,10 +54,11 @@ from .cofactors import (
     _with_fallback,
     lu_cofactors,
 )
-from .heads import attention_probs, head_probs, select_heads
+from .heads import attention_probs, head_logits, head_probs, select_heads, strictly_upper
 
 __all__ = [
     "PENALTY_METHODS",
+    "CausalRowSums",
     "FastPenalty",
     "cofactor_flops",
     "cofactor_penalty",
@@ -74,8 +89,14 @@ class FastPenalty(torch.autograd.Function):
     def forward(ctx: FunctionCtx, A: Tensor, beta: float, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         n = A.shape[-1]
         LU, piv, logm, singular = _lu_logdet(_shifted_laplacian(A, torch.float64))
-        w = torch.full((*A.shape[:-1], 1), 1.0 / n, dtype=LU.dtype, device=A.device)
-        x = torch.linalg.lu_solve(LU, piv, w, adjoint=True).squeeze(-1)  # M^T x = w, (..., n)
+        Minv = None
+        if ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
+            eye = torch.eye(n, dtype=LU.dtype, device=A.device).expand_as(LU)
+            Minv = torch.linalg.lu_solve(LU, piv, eye)  # M^{-1}, (..., n, n)
+            x = Minv.mean(-2)  # M^T x = w = 1/n: x_j = sum_i (M^{-1})_ij / n, (..., n)
+        else:
+            w = torch.full((*A.shape[:-1], 1), 1.0 / n, dtype=LU.dtype, device=A.device)
+            x = torch.linalg.lu_solve(LU, piv, w, adjoint=True).squeeze(-1)  # M^T x = w
         m = logm.exp()
         loss = -torch.log(m + eps)  # the seed's -log(|m| + eps), m > 0
         dkl = None
@@ -85,7 +106,7 @@ class FastPenalty(torch.autograd.Function):
             total = pos.sum(-1, keepdim=True)
             loss = loss + beta * (total.squeeze(-1).log() - pos.log().mean(-1) - math.log(n))
             dkl = (total.reciprocal() - (n * pos).reciprocal()).masked_fill_(c <= 0, 0.0)
-        ctx.save_for_backward(LU, piv, x, m, dkl)  # type: ignore[arg-type]
+        ctx.save_for_backward(Minv, x, m, dkl)  # type: ignore[arg-type]
         ctx.consts = (beta, eps, A.dtype)  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(singular)
         return loss, singular
@@ -93,18 +114,17 @@ class FastPenalty(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, g: Tensor, _: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        LU, piv, x, m, dkl = ctx.saved_tensors  # type: ignore[attr-defined]
+        Minv, x, m, dkl = ctx.saved_tensors  # type: ignore[attr-defined]
         beta, eps, dtype = ctx.consts  # type: ignore[attr-defined]
         g_logm = -g * m / (m + eps)  # (...)
         if dkl is not None:
-            gm = (g * beta * m).unsqueeze(-1)
-            g_logm = g_logm + gm.squeeze(-1) * (dkl * x).sum(-1)
-            y = torch.linalg.lu_solve(LU, piv, (gm * dkl).unsqueeze(-1))  # M y = g_x, (..., n, 1)
-        # G = g_logm M^{-T} - x y^T; dA_ij = G_ii - G_ij (i != j). X = g_logm M^{-1}, one solve
-        X = torch.linalg.lu_solve(LU, piv, torch.diag_embed(g_logm.unsqueeze(-1).expand_as(x)))
-        G = X.transpose(-2, -1)
-        if dkl is not None:
-            G = G - x.unsqueeze(-1) * y.transpose(-2, -1)  # (..., n, n)
+            g_x = (g * beta * m).unsqueeze(-1) * dkl  # dloss/dx, (..., n)
+            g_logm = g_logm + (g_x * x).sum(-1)
+        # G = g_logm M^{-T} - x y^T with M y = g_x; dA_ij = G_ii - G_ij (i != j)
+        G = Minv.transpose(-2, -1) * g_logm[..., None, None]  # (..., n, n)
+        if dkl is not None:  # y = M^{-1} g_x, (..., 1, n); elementwise: n is small, a bmm is not
+            y = (Minv * g_x.unsqueeze(-2)).sum(-1).unsqueeze(-2)
+            G.sub_(x.unsqueeze(-1) * y)
         diag = G.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)  # (..., n, 1)
         gA = diag - G  # dA_ij = G_ii - G_ij; 0 on the diagonal (A_ii is not in M)
         return gA.to(dtype), None, None
@@ -122,6 +142,62 @@ def _lu_autograd(A64: Tensor) -> tuple[Tensor, Tensor]:
     return logabs, c
 
 
+def _causal_penalty(A: Tensor, beta: float, eps: float) -> Tensor:
+    """The penalty of lower-triangular ``A (..., n, n)`` by the closed form of the module
+    docstring (``c = m e_0``, ``m = prod_{i>=1} s_i``), per matrix ``(...)``, float64."""
+    s = A.tril(-1).sum(-1, dtype=torch.float64)  # L_ii = s_i = sum_{j<i} A_ij
+    return _causal_loss(s, beta, eps)
+
+
+class CausalRowSums(torch.autograd.Function):
+    """``s_i = sum_{j<i} A_ij`` (float64, ``(..., n)``) of ``A = softmax`` of causally masked
+    ``logits (..., n, n)``: the softmax, the mask and the sums as one node, whose backward is
+    the softmax's written out for a gradient constant along each row's strict lower part,
+    ``dz_ij = A_ij g_i ([j < i] - s_i)`` (``dA_ij = g_i [j < i]``, ``sum_k A_ik dA_ik = g_i
+    s_i``), in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, logits: Tensor) -> Tensor:  # type: ignore[override]
+        upper = strictly_upper(logits)
+        A = torch.softmax(logits.masked_fill(upper, float("-inf")), -1)
+        s = A.tril(-1).sum(-1, dtype=torch.float64)
+        ctx.save_for_backward(A, s)
+        return s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, g: Tensor) -> Tensor:  # type: ignore[override]
+        A, s = ctx.saved_tensors  # type: ignore[attr-defined]
+        n = A.shape[-1]
+        lower = torch.ones(n, n, dtype=A.dtype, device=A.device).tril_(-1)  # [j < i]
+        w = lower - s.to(A.dtype).unsqueeze(-1)  # (..., n, n)
+        return w.mul_(g.to(A.dtype).unsqueeze(-1)).mul_(A)
+
+
+def _causal_loss(s: Tensor, beta: float, eps: float) -> Tensor:
+    """The closed-form penalty per matrix ``(...)`` from the row sums ``s (..., n)`` of a
+    causal head (``s_0 = 0`` is not used)."""
+    n = s.shape[-1]
+    m = s[..., 1:].prod(-1)  # det M = c_0 = sum c
+    log_m_eps = torch.log(m + eps)
+    loss = -log_m_eps  # the seed's -log(|m| + eps)
+    if beta:  # p = (m + eps, eps, ..., eps), S = m + n eps: KL = log S - mean log p - log n
+        const = (n - 1) / n * math.log(eps) + math.log(n)
+        loss = loss + beta * (torch.log(m + n * eps) - log_m_eps / n - const)
+    return loss
+
+
+def _check_lower_triangular(A: Tensor) -> None:
+    """Raise unless ``A`` has no nonzero entry above its diagonal (``causal=True`` claims it)."""
+    upper = A.detach().triu(1)
+    if bool(upper.any()):
+        raise ValueError(
+            "causal=True needs lower-triangular attention matrices (causal heads), got an "
+            f"entry {float(upper.abs().max()):.3g} above the diagonal of a {tuple(A.shape)} "
+            "batch"
+        )
+
+
 def cofactor_penalty(
     A: Tensor,
     *,
@@ -129,6 +205,7 @@ def cofactor_penalty(
     eps: float = 1e-8,
     method: str = "lu",
     reduce: str = "mean",
+    causal: bool = False,
 ) -> Tensor:
     """The seed's regulariser ``-log(|sum c| + eps) + beta KL(u || pi)`` per matrix, in float64.
 
@@ -147,15 +224,27 @@ def cofactor_penalty(
             numerically singular matrix takes ``"lu-autograd"``), ``"lu-autograd"`` or
             ``"minors"`` (the reference).
         reduce: ``"mean"`` over matrices (scalar), or ``"none"`` (shape ``(...)``).
+        causal: ``A`` is lower triangular (causal heads; checked): ``method="lu"`` takes the
+            closed form of the module docstring, no factorisation. The references ignore it.
     """
     if method not in PENALTY_METHODS:
         raise ValueError(f"the penalty needs exact cofactors: method one of {PENALTY_METHODS}, "
                          f"got {method!r}")  # fmt: skip
     if reduce not in ("mean", "none"):
         raise ValueError(f"reduce must be 'mean' or 'none', got {reduce!r}")
+    if causal:
+        _check_lower_triangular(A)
+    return _penalty(A, float(beta), float(eps), method, reduce, causal)
+
+
+def _penalty(A: Tensor, beta: float, eps: float, method: str, reduce: str, causal: bool) -> Tensor:
+    """:func:`cofactor_penalty` without checking ``causal`` (the caller vouches for it)."""
     n = A.shape[-1]
+    if method == "lu" and causal:
+        loss = _causal_penalty(A, beta, eps)
+        return loss.mean() if reduce == "mean" else loss
     if method == "lu":
-        loss, singular = FastPenalty.apply(A, float(beta), float(eps))
+        loss, singular = FastPenalty.apply(A, beta, eps)
         if not bool(singular.any()):
             return loss.mean() if reduce == "mean" else loss
         method = "lu-autograd"  # rare: rank L < n - 1 to working precision
@@ -190,6 +279,7 @@ def cofactor_regularizer_from_probs(
     eps: float = 1e-8,
     method: str = "lu",
     max_items: int | None = None,
+    causal: bool = False,
 ) -> Tensor:
     """Mean cofactor penalty over the selected layers, heads and batch items (a scalar, float64).
 
@@ -199,13 +289,13 @@ def cofactor_regularizer_from_probs(
         layers: layer indices (default all).
         heads: head indices, or an int ``k`` for the first ``k`` heads of each layer (default 1),
             or None for all.
-        beta, eps, method: see :func:`cofactor_penalty`.
+        beta, eps, method, causal: see :func:`cofactor_penalty`.
         max_items: use only the first ``max_items`` batch items (cost control).
     """
     sel = select_heads(probs, layers, heads)
     if max_items is not None:
         sel = [p[:max_items] for p in sel]
-    return _penalty_of_heads(sel, beta=beta, eps=eps, method=method)
+    return _penalty_of_heads(sel, beta=beta, eps=eps, method=method, causal=causal)
 
 
 def regularizer(
@@ -224,17 +314,28 @@ def regularizer(
     (default: the first head of each layer). The probabilities are the output's when the
     forward returned them (``need_weights=True``), else those of the chosen heads recomputed
     from the layers' inputs (:func:`~attention_atlas.cofactor.heads.head_probs`), so the
-    training forward stays on the fused kernel. Options as
+    training forward stays on the fused kernel. A causal model's heads (``model.cfg.is_causal``)
+    take the closed form of the module docstring (unchecked for recomputed heads, which
+    :func:`~attention_atlas.cofactor.heads.head_probs` masks itself). Options as
     :func:`cofactor_regularizer_from_probs`."""
-    opts: dict[str, Any] = {"beta": beta, "eps": eps, "method": method}
+    causal = bool(getattr(getattr(model, "cfg", None), "is_causal", False))
+    opts: dict[str, Any] = {"beta": beta, "eps": eps, "method": method, "causal": causal}
     probs = attention_probs(output)
     if all(p is not None for p in probs):
         return cofactor_regularizer_from_probs(
             probs, layers=layers, heads=heads, max_items=max_items, **opts
         )
+    if causal and method == "lu":  # dot-product heads: the logits are all the closed form needs
+        logits = head_logits(model, output, layers=layers, heads=heads, max_items=max_items)
+        if logits is not None:
+            s = CausalRowSums.apply(logits.flatten(0, -3))
+            return _causal_loss(s, float(beta), float(eps)).mean()
     probs_sel = head_probs(model, output, layers=layers, heads=heads, max_items=max_items)
     n = probs_sel.shape[-1]
-    return cofactor_penalty(probs_sel.reshape(-1, n, n), **opts)
+    if method not in PENALTY_METHODS:
+        return cofactor_penalty(probs_sel, **opts)  # its error
+    # a causal model's recomputed heads are lower triangular (head_probs applies the causal mask)
+    return _penalty(probs_sel.reshape(-1, n, n), float(beta), float(eps), method, "mean", causal)
 
 
 def cofactor_flops(n: int) -> int:

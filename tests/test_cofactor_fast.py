@@ -1,0 +1,176 @@
+"""The cofactor regulariser's fast paths: the closed form of causal heads, the inverse taken in
+the forward, and head probabilities from the forward's own queries and keys. Each is checked
+against an independent reference (explicit minors or the explicit attention path, float64)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attention_atlas.cofactor import cofactor_penalty, head_probs, softmax_matrices
+from attention_atlas.cofactor.penalty import CausalRowSums, FastPenalty, regularizer
+
+F64 = torch.float64
+
+
+def _causal_logits(batch: int, n: int, seed: int, scale: float = 1.5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    z = scale * torch.randn(batch, n, n, generator=g, dtype=F64)
+    return z.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+@pytest.mark.parametrize("n", [1, 2, 7, 12])
+def test_causal_closed_form_equals_the_minors_in_value_and_in_the_logits_gradient(beta, n):
+    """c = (prod_{i>=1} s_i) e_0 gives the seed's penalty of every causal head; through the
+    softmax its gradient is the minors' (and the general LU's). The minors give the vanishing
+    cofactors as exact zeros, as the closed form does; the LU leaves round-off of 1e-17, which
+    moves log(max(c_i, 0) + eps) by up to 1e-9 relative, hence its looser tolerance."""
+    z = _causal_logits(4, n, seed=n).requires_grad_(True)
+    out = {}
+    for name, kw in {"closed": {"causal": True}, "minors": {"method": "minors"},
+                     "lu": {}}.items():  # fmt: skip
+        p = cofactor_penalty(torch.softmax(z, -1), beta=beta, reduce="none", **kw)
+        out[name] = (p.detach(), torch.autograd.grad(p.sum(), z)[0])
+    for ref, tol in (("minors", 1e-12), ("lu", 1e-9)):
+        torch.testing.assert_close(out["closed"][0], out[ref][0], rtol=tol, atol=tol)
+        scale = float(out[ref][1].abs().max()) + 1e-300
+        torch.testing.assert_close(out["closed"][1], out[ref][1], rtol=1e-9, atol=1e-10 * scale)
+
+
+def test_causal_closed_form_is_the_explicit_formula():
+    """-log(m + eps) + beta (log S - mean log p - log n), p = (m + eps, eps, ..., eps)."""
+    n, beta, eps = 6, 0.4, 1e-3
+    A = softmax_matrices(3, n, n, mask="causal", seed=2)
+    m = (1 - A.diagonal(dim1=-2, dim2=-1)[:, 1:]).prod(-1)
+    p = torch.full((3, n), eps, dtype=F64)
+    p[:, 0] += m
+    kl = (
+        torch.full((3, n), 1.0 / n, dtype=F64) * (1.0 / n / (p / p.sum(-1, keepdim=True))).log()
+    ).sum(-1)
+    want = -torch.log(m + eps) + beta * kl
+    got = cofactor_penalty(A, beta=beta, eps=eps, causal=True, reduce="none")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_causal_closed_form_passes_gradcheck_through_the_softmax():
+    z = _causal_logits(2, 5, seed=7).requires_grad_(True)
+    for beta, eps in [(0.0, 1e-8), (0.5, 1e-8), (0.5, 1e-2)]:
+        assert torch.autograd.gradcheck(
+            lambda t, b=beta, e=eps: cofactor_penalty(
+                torch.softmax(t, -1), beta=b, eps=e, causal=True, reduce="none"
+            ),
+            (z,),
+        )
+
+
+def test_causal_closed_form_of_a_saturated_token_has_the_exact_gradient():
+    """s_2 = 0 (token 2 attends only to itself): m = 0, the loss is -log(eps) and dloss/ds_2 =
+    -prod_{i != 2} s_i / eps, finite, through the product."""
+    A = softmax_matrices(1, 5, 5, mask="causal", seed=1)
+    A[0, 2] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0], dtype=F64)
+    A.requires_grad_(True)
+    loss = cofactor_penalty(A, causal=True)
+    assert abs(float(loss.detach()) + math.log(1e-8)) < 1e-12
+    (g,) = torch.autograd.grad(loss, A)
+    s = A.detach().tril(-1).sum(-1)
+    others = s[0, [1, 3, 4]].prod()
+    torch.testing.assert_close(g[0, 2, :2], (-others / 1e-8).expand(2), rtol=1e-12, atol=0)
+    assert torch.isfinite(g).all()
+
+
+def test_causal_row_sums_are_those_of_the_masked_softmax_with_its_gradient():
+    """One node for mask, softmax and strict-lower row sums: the same sums and the same
+    gradient as autograd through the three (float64), and gradcheck."""
+    z = torch.randn(3, 2, 6, 6, dtype=F64, generator=torch.Generator().manual_seed(5))
+    z.requires_grad_(True)
+    w = torch.randn(3, 2, 6, dtype=F64)
+    mask = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    ref = torch.softmax(z.masked_fill(mask, float("-inf")), -1).tril(-1).sum(-1)
+    got = CausalRowSums.apply(z)
+    torch.testing.assert_close(got, ref, rtol=1e-15, atol=1e-15)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), z)
+    (g_got,) = torch.autograd.grad((got * w).sum(), z)
+    torch.testing.assert_close(g_got, g_ref, rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(CausalRowSums.apply, (z,))
+
+
+def test_causal_flag_names_a_matrix_that_is_not_lower_triangular():
+    A = softmax_matrices(2, 5, 5, seed=0)
+    with pytest.raises(ValueError, match="lower-triangular"):
+        cofactor_penalty(A, causal=True)
+
+
+def test_fast_penalty_without_a_gradient_gives_the_same_values():
+    """With a gradient wanted x comes from M^{-1} (column means), without it from one solve."""
+    A = softmax_matrices(5, 9, 9, scale=2.0, seed=4)
+    with torch.no_grad():
+        free = FastPenalty.apply(A, 0.3, 1e-8)[0]
+    graded = FastPenalty.apply(A.clone().requires_grad_(True), 0.3, 1e-8)[0]
+    torch.testing.assert_close(graded.detach(), free, rtol=1e-13, atol=1e-13)
+
+
+# -- head probabilities from the forward's queries and keys ----------------------------------
+
+
+def _model(task: str, temperature: float = 1.0):
+    from attention_atlas.models import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    opts = {"attention_options": {"temperature": temperature}} if temperature != 1.0 else {}
+    if task == "lm":
+        cfg = ModelConfig(task="lm", vocab_size=11, dim=16, n_layers=3, n_heads=4, max_len=9,
+                          **opts)  # fmt: skip
+        x = torch.randint(0, 11, (3, 9))
+    else:
+        cfg = ModelConfig(task="classify", patch_dim=4, n_classes=3, dim=16, n_layers=3,
+                          n_heads=4, max_len=7, **opts)  # fmt: skip
+        x = torch.randn(3, 7, 4, dtype=F64)
+    return Transformer(cfg).double(), x
+
+
+def test_dot_attention_returns_queries_and_keys_only_under_autograd():
+    model, x = _model("lm")
+    res = model(x).attentions[0]
+    assert res.extras["query"].shape == res.extras["key"].shape == (3, 4, 9, 4)
+    with torch.no_grad():
+        assert not model(x).attentions[0].extras
+
+
+@pytest.mark.parametrize("task", ["lm", "classify"])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_head_probs_from_the_forward_equal_the_recomputed_and_the_explicit_ones(task, temperature):
+    model, x = _model(task, temperature)
+    explicit = [a.probs for a in model(x, need_weights=True).attentions]
+    out = model(x)
+    bare = type(out)(out.logits, [type(a)(a.out) for a in out.attentions], out.hidden)
+    for heads, idx in [(1, [0]), ([1, 3], [1, 3])]:
+        ref = torch.stack([explicit[li][:2, idx] for li in range(3)])
+        for o in (out, bare):  # the forward's q, k; recomputed from the hidden states
+            got = head_probs(model, o, heads=heads, max_items=2)
+            torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("task", ["lm", "classify"])
+def test_regularizer_gradient_equals_the_minors_reference_on_the_explicit_probabilities(task):
+    """The harness's regulariser (forward's q, k; the closed form for the causal model) against
+    the O(n^4) minors on the explicit path's probabilities: value and every parameter's
+    gradient (float64 model)."""
+    model, x = _model(task)
+    params = list(model.parameters())
+    out = model(x)
+    fast = regularizer(model, out, None, heads=2, beta=0.1)
+    g_fast = torch.autograd.grad(fast, params, allow_unused=True)
+    probs = [a.probs[:, :2] for a in model(x, need_weights=True).attentions]
+    ref = cofactor_penalty(torch.cat([p.reshape(-1, 9 if task == "lm" else 7,
+                                                9 if task == "lm" else 7) for p in probs]),
+                           beta=0.1, method="minors")  # fmt: skip
+    g_ref = torch.autograd.grad(ref, params, allow_unused=True)
+    torch.testing.assert_close(fast, ref, rtol=1e-11, atol=0)
+    for a, b in zip(g_fast, g_ref):
+        if a is None or b is None:
+            assert a is None or float(a.abs().max()) == 0.0
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9 * float(b.abs().max()) + 1e-15)
