@@ -148,6 +148,7 @@ GOOD = {("dot", 64, 2): [1.0, 0.995, 0.998], ("dot", 128, 2): [1.0, 1.0, 1.0],
 def test_anchors_hold_on_a_sound_grid():
     a = za.anchors(_frame(GOOD))
     assert a["easiest"] == "w128-p2" and a["dot_ok"] and a["ssm_ok"] and a["chance_ok"]
+    assert a["ssm_learns"]
     assert set(a["learners"]) == {"dot", "ssm"}
     assert a["ssm_fall"]["pairs"] == (2, 4) and a["ssm_fall"]["width"] == 64
 
@@ -157,6 +158,11 @@ def test_each_anchor_fails_when_its_condition_fails():
     assert not za.anchors(_frame(bad_dot))["dot_ok"]
     flat_ssm = {**GOOD, ("ssm", 64, 4): [0.9, 0.85, 0.95]}
     assert not za.anchors(_frame(flat_ssm))["ssm_ok"]
+    # an SSM on the copying plateau (1/2) at the fewest pairs does not learn there: its fall
+    # to 1/4 is the chance level's, and the anchor cannot ask it of that SSM
+    plateau = {**GOOD, ("ssm", 64, 2): [0.5, 0.52, 0.6], ("ssm", 64, 4): [0.25, 0.26, 0.24]}
+    a = za.anchors(_frame(plateau))
+    assert a["ssm_ok"] and not a["ssm_learns"] and "ssm" in a["learners"]
     # a learner by its mean (0.8 > halfway from 1/2 to 1) whose interval reaches below chance
     shaky = {**GOOD, ("ssm", 128, 2): [1.0, 1.0, 0.4]}
     a = za.anchors(_frame(shaky))

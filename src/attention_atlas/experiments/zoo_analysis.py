@@ -243,7 +243,11 @@ def anchors(df: pd.DataFrame) -> dict[str, Any]:
       :data:`ANCHOR_ACC` (``dot_ok``);
     * ``ssm_fall``: the SSM's test accuracy at the centre's width (fixed state) at the fewest
       and the most pairs, their paired difference and whether it falls (``ssm_ok``: the
-      interval of fewest minus most excludes zero on the positive side);
+      interval of fewest minus most excludes zero on the positive side); ``ssm_learns``: whether
+      the SSM learns where the fall starts (mean at the fewest pairs at least halfway from that
+      cell's chance to perfect). A fall from a cell the SSM has not learned is a drift with the
+      chance level ``1/N``, not a loss of recall, so the anchor asks ``ssm_ok`` of an SSM that
+      learns;
     * ``learners``: variants said to learn (mean test accuracy at the easiest cell at least
       halfway from chance to perfect) and, for each, whether its interval's lower end is above
       chance there (``chance_ok``).
@@ -266,6 +270,7 @@ def anchors(df: pd.DataFrame) -> dict[str, Any]:
                            "many": mean_interval(b), "difference": fall,
                            "state": int(ssm.state_size.iloc[0])}  # fmt: skip
         out["ssm_ok"] = bool(fall.low > 0)
+        out["ssm_learns"] = bool(a.mean() >= (1 + 1 / lo) / 2)
     learners = {}
     for v, g in easy.groupby("variant", sort=False):
         iv = mean_interval(g["test_acc"])
