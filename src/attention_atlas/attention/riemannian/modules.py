@@ -381,14 +381,18 @@ class RiemannianAttention(Attention):
         fits = q.numel() // q.shape[-1] * seq <= MATERIALISED_ELEMENTS  # B H L L scores
         if method == "auto" and fits and seq * r * 2 * seq <= scores_module.PAIRWISE_CHUNK:
             method = "decomposed"  # (B, H, L, r, 2L) products of eq. (16)
-        if method == "decomposed" or need_weights:
+        if need_weights:  # logits (B, H, L, L), every entry
             scores = geodesic_scores_decomposed if method == "decomposed" else geodesic_scores
             logits = scores(q, k, U, self.tau, curvature=omega, alpha=alpha, baseline=baseline)
-            if need_weights:  # logits (B, H, L, L)
-                return attention_from_logits(logits, v, causal=causal, mask=mask)
-            keep = combine_masks(
-                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
-            )
+            return attention_from_logits(logits, v, causal=causal, mask=mask)
+        if method == "decomposed":  # under a causal mask, the pairs j <= i only
+            logits = geodesic_scores_decomposed(q, k, U, self.tau, curvature=omega, alpha=alpha,
+                                                baseline=baseline, causal=causal)  # fmt: skip
+            keep = None  # causal alone: masked already (-inf), every row keeps its diagonal
+            if mask is not None or not causal:
+                keep = combine_masks(
+                    q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
+                )
             return AttentionResult(masked_softmax(logits, keep) @ v)
         out = geodesic_attention(q, k, v, U, self.tau, causal, mask=mask, curvature=omega,
                                  alpha=alpha, baseline=baseline, method=cast(Method, method))  # fmt: skip

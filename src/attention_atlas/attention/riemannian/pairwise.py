@@ -1,0 +1,209 @@
+"""The pairwise products of eq. (16): ``|U_i^T (q_i - k_j)|^2 + |U_j^T (q_i - k_j)|^2`` for every
+pair, the part of the geodesic score that costs ``O(d r)`` per pair.
+
+``U_i^T q_i`` and ``U_j^T k_j`` are per token (the centres); ``U_t^T k_s`` and ``U_t^T q_s`` for
+every pair come from matrix products ``(L r, d) x (d, 2L)`` per batch item, with the backward
+written out (``dG = 2 (G - c) dD``, then two products). Under a causal mask only pairs
+``j <= i`` are ever used: ``causal=True`` tiles the tokens in blocks and multiplies each block
+of ``U_t`` only by the keys before it and the queries after it (``L + b`` columns instead of
+``2L``, about half the products at ``b << L``); the entries ``j > i`` are then left
+unspecified. The scores of :func:`~attention_atlas.attention.riemannian.scores.geodesic_scores_decomposed`
+come from here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .geometry import factor_t_apply
+
+__all__ = ["CAUSAL_BLOCK", "PAIRWISE_CHUNK", "pairwise_metric_terms"]
+
+#: the pairwise products ``G`` of eq. (16) are formed this many numbers at a time (a slice of
+#: the batch), and recomputed in the backward, once they would hold more than four times this
+#: (past the caches, memory traffic costs more than the products' recomputation)
+PAIRWISE_CHUNK = 1 << 20
+#: ``causal=True``: tokens per block (``b``); each block's products ``(b r, L + b)`` per item
+CAUSAL_BLOCK = 32
+
+
+def _centred_products(ut: Tensor, x: Tensor, c: Tensor) -> Tensor:
+    """``G - c``: ``(N, L, r, nb, M)`` from ``ut (N, L, r, d)``, ``x (N, nb, M, d)``, ``c (N, L,
+    r, nb)``; one product ``(L r, d) x (d, nb M)`` per batch item."""
+    n, seq, r, d = ut.shape
+    nb, m = x.shape[1], x.shape[2]
+    g = torch.bmm(ut.reshape(n, seq * r, d), x.reshape(n, nb * m, d).transpose(1, 2))
+    return g.view(n, seq, r, nb, m).sub_(c.unsqueeze(-1))
+
+
+def _chunks(n: int, per_item: int, chunk: int | None = None) -> list[slice]:
+    """Slices of the batch: all of it while small, else about :data:`PAIRWISE_CHUNK` numbers each."""
+    chunk = PAIRWISE_CHUNK if chunk is None else chunk
+    if n * per_item <= 4 * chunk:
+        return [slice(0, n)]
+    step = max(1, chunk // per_item)
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+class _PairwiseMetricTerms(torch.autograd.Function):
+    """``scale (D[n, i, 0, j] + D[n, j, 1, i])`` with ``D[n, t, b, s] = |c[n, t, :, b] - G[n, t,
+    :, b, s]|^2``, ``G = U_t^T x_{b, s}``: ``ut (N, L, r, d)``, ``x (N, 2, L, d)``, ``c (N, L, r,
+    2)`` -> ``(N, L, L)``. The backward (``dG = 2 (G - c) dD``, then two products) is written
+    out. Large batches go in slices (:func:`_chunks`), their ``G`` recomputed in the backward
+    rather than stored, so the ``(L, r, 2L)`` products stay in cache."""
+
+    @staticmethod
+    def forward(ctx, ut: Tensor, x: Tensor, c: Tensor, scale: float) -> Tensor:  # type: ignore[override]
+        n, seq, r, _ = ut.shape
+        parts = _chunks(n, seq * r * 2 * seq)
+        out = ut.new_empty(n, seq, seq)
+        kept = []
+        for sl in parts:
+            g = _centred_products(ut[sl], x[sl], c[sl])
+            d = (g.square() if len(parts) == 1 else g.square_()).sum(2)  # (n, L, 2, L)
+            torch.add(d[:, :, 0], d[:, :, 1].transpose(1, 2), out=out[sl]).mul_(scale)
+            if len(parts) == 1:
+                kept.append(g)
+        ctx.scale = scale
+        ctx.save_for_backward(ut, x, c, *kept)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:  # type: ignore[override]
+        ut, x, c, *stored = ctx.saved_tensors
+        n, seq, r, d = ut.shape
+        d_ut, d_x, d_c = torch.empty_like(ut), torch.empty_like(x), torch.empty_like(c)
+        for sl in [slice(0, n)] if stored else _chunks(n, seq * r * 2 * seq):
+            g = stored[0] if stored else _centred_products(ut[sl], x[sl], c[sl])
+            gs = (2.0 * ctx.scale) * grad[sl]
+            dd = torch.stack([gs, gs.transpose(1, 2)], 2).unsqueeze(2)  # (n, L, 1, 2, L)
+            dg = g * dd if stored else g.mul_(dd)  # dG = 2 scale (G - c) dD
+            k = dg.shape[0]
+            flat = dg.view(k, seq * r, 2 * seq)
+            d_ut[sl] = torch.bmm(flat, x[sl].reshape(k, 2 * seq, d)).view(k, seq, r, d)
+            d_x[sl] = torch.bmm(flat.transpose(1, 2), ut[sl].reshape(k, seq * r, d)).view(
+                k, 2, seq, d
+            )
+            d_c[sl] = -dg.sum(-1)
+        return d_ut, d_x, d_c, None
+
+
+def _causal_tiles(n: int, seq: int, r: int, block: int) -> list[tuple[slice, int, int]]:
+    """``(batch slice, t0, t1)`` tiles of the causal products: token blocks ``[t0, t1)`` of
+    ``block`` tokens, the batch sliced so a tile's products hold about :data:`PAIRWISE_CHUNK`
+    numbers at most."""
+    tiles = []
+    for t0 in range(0, seq, block):
+        t1 = min(t0 + block, seq)
+        for sl in _chunks(n, (t1 - t0) * r * (seq + t1 - 2 * t0), PAIRWISE_CHUNK // 4):
+            tiles.append((sl, t0, t1))
+    return tiles
+
+
+def _tile_products(ut: Tensor, x: Tensor, c: Tensor, sl: slice, t0: int, t1: int) -> Tensor:
+    """``G - c`` of one tile, ``(m, b, r, W)``: the block's ``U_t^T`` against the queries
+    ``q_s, s >= t0`` (centred by ``U_t^T k_t``) then the keys ``k_s, s < t1`` (centred by
+    ``U_t^T q_t``). ``x (N, 2L, d)`` is ``[q; k]``, so these columns are the rows
+    ``[t0, L + t1)`` of ``x``; ``c (N, L, r, 2)`` holds ``(U_t^T k_t, U_t^T q_t)``."""
+    seq = ut.shape[1]
+    u = ut[sl, t0:t1]  # (m, b, r, d)
+    m, b, r, d = u.shape
+    cols = x[sl, t0 : seq + t1]  # (m, W, d)
+    g = torch.bmm(u.reshape(m, b * r, d), cols.transpose(1, 2)).view(m, b, r, -1)
+    nq = seq - t0
+    cc = c[sl, t0:t1]
+    g[..., :nq].sub_(cc[..., 0:1])
+    g[..., nq:].sub_(cc[..., 1:2])
+    return g
+
+
+class _CausalPairwiseMetricTerms(torch.autograd.Function):
+    """``base + scale (D[n, i, 0, j] + D[n, j, 1, i])`` (:class:`_PairwiseMetricTerms`) for the
+    pairs ``j <= i``, ``-inf`` for ``j > i``, written into ``base (N, L, L)`` in place:
+    ``ut (N, L, r, d)``, ``x (N, 2L, d)`` (``[q; k]``), ``c (N, L, r, 2)``. Each tile's products
+    are recomputed in the backward, not stored."""
+
+    @staticmethod
+    def forward(
+        ctx, base: Tensor, ut: Tensor, x: Tensor, c: Tensor, scale: float, block: int
+    ) -> Tensor:  # type: ignore[override]
+        n, seq, r, _ = ut.shape
+        for sl, t0, t1 in _causal_tiles(n, seq, r, block):
+            dsq = _tile_products(ut, x, c, sl, t0, t1).square_().sum(2).mul_(scale)  # (m, b, W)
+            nq = seq - t0
+            base[sl, t0:t1, :t1] += dsq[..., nq:]  # |U_i^T (q_i - k_j)|^2, i in the block
+            base[sl, t0:, t0:t1] += dsq[..., :nq].transpose(1, 2)  # |U_j^T (q_i - k_j)|^2
+        base.masked_fill_(_above_diagonal(seq, base.device), float("-inf"))
+        ctx.mark_dirty(base)
+        ctx.scale, ctx.block = scale, block
+        ctx.save_for_backward(ut, x, c)
+        return base
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
+        ut, x, c = ctx.saved_tensors
+        n, seq, r, d = ut.shape
+        d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
+        d_ut, d_x, d_c = torch.empty_like(ut), torch.zeros_like(x), torch.empty_like(c)
+        for sl, t0, t1 in _causal_tiles(n, seq, r, ctx.block):
+            nq = seq - t0
+            dd = torch.cat([d_base[sl, t0:, t0:t1].transpose(1, 2), d_base[sl, t0:t1, :t1]], -1)
+            dd.mul_(2.0 * ctx.scale)
+            dg = _tile_products(ut, x, c, sl, t0, t1).mul_(dd.unsqueeze(2))  # (m, b, r, W)
+            m, b = dg.shape[:2]
+            flat = dg.view(m, b * r, -1)
+            d_ut[sl, t0:t1] = torch.bmm(flat, x[sl, t0 : seq + t1]).view(m, b, r, d)
+            d_x[sl, t0 : seq + t1] += torch.bmm(
+                flat.transpose(1, 2), ut[sl, t0:t1].reshape(m, b * r, d)
+            )
+            d_c[sl, t0:t1, :, 0] = -dg[..., :nq].sum(-1)
+            d_c[sl, t0:t1, :, 1] = -dg[..., nq:].sum(-1)
+        return d_base, d_ut, d_x, d_c, None, None
+
+
+def _above_diagonal(seq: int, device: torch.device) -> Tensor:
+    """``(L, L)``, True where ``j > i``."""
+    return torch.ones(seq, seq, dtype=torch.bool, device=device).triu_(1)
+
+
+def pairwise_metric_terms(
+    U: Tensor,
+    q: Tensor,
+    k: Tensor,
+    *,
+    scale: float = 1.0,
+    causal: bool = False,
+    base: Tensor | None = None,
+) -> Tensor:
+    """``scale (|U_i^T (q_i - k_j)|^2 + |U_j^T (q_i - k_j)|^2)``: the metric terms of eq. (16).
+
+    ``U (..., L, d, r)``, ``q, k (..., L, d)`` -> ``(..., L, L)``. ``U_i^T q_i`` and ``U_j^T k_j``
+    are per token; ``U_t^T k_s`` and ``U_t^T q_s`` for every pair come from one product ``(L r,
+    d) x (d, 2L)`` per batch item (``O(d r)`` per pair), with a written-out backward.
+    ``causal=True``: the terms of the pairs ``j <= i`` only, the entries ``j > i`` are ``-inf``
+    (scores under a causal mask), from products over blocks of :data:`CAUSAL_BLOCK` tokens
+    against ``L + b`` columns each; ``base (N, L, L)`` (``N`` the product of the batch
+    dimensions; a fresh tensor, overwritten) is then added to the terms in place (the rest of a score, without another pass over ``L x L``).
+    """
+    from .scores import check_metric_inputs
+
+    check_metric_inputs(q, k, U, 1.0)
+    *batch, seq, d, r = U.shape
+    uq, uk = factor_t_apply(U, q), factor_t_apply(U, k)  # the centres U_i^T q_i, U_j^T k_j
+    ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
+    if causal:
+        x = torch.cat([q, k], -2).reshape(-1, 2 * seq, d)
+        c = torch.stack([uk, uq], -1).reshape(-1, seq, r, 2)
+        acc = ut.new_zeros(ut.shape[0], seq, seq) if base is None else base
+        if acc.shape != (ut.shape[0], seq, seq):
+            raise ValueError(
+                f"base must have shape {(ut.shape[0], seq, seq)}, got {tuple(acc.shape)}"
+            )
+        out = _CausalPairwiseMetricTerms.apply(acc, ut, x, c, float(scale), CAUSAL_BLOCK)
+        return out.view(*batch, seq, seq)
+    if base is not None:
+        raise ValueError("base is only taken with causal=True")
+    x = torch.stack([k, q], -3).reshape(-1, 2, seq, d)
+    c = torch.stack([uq, uk], -1).reshape(-1, seq, r, 2)
+    return _PairwiseMetricTerms.apply(ut, x, c, float(scale)).view(*batch, seq, seq)
