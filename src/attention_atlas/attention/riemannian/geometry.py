@@ -31,6 +31,7 @@ __all__ = [
     "metric_aware_projection",
     "metric_preconditioned_update",
     "metric_strength",
+    "skew_factors_apply",
     "torsion_apply",
     "torsion_dense",
     "transport_apply",
@@ -66,7 +67,33 @@ def metric_aware_projection(q: Tensor, U: Tensor, gamma: Tensor | float) -> Tens
     (The extracted text of eq. (20) reads ``gamma . 1 d``; we take the lost radical as
     ``1 / sqrt(d)``, like the paper's other scalings.) ``gamma`` is the gate, already squashed.
     """
-    return q + gamma / math.sqrt(q.shape[-1]) * factor_apply(U, factor_t_apply(U, q))
+    scale = gamma / math.sqrt(q.shape[-1])
+    if U.shape[:-2] != q.shape[:-1] or U.shape[-2] != q.shape[-1]:  # broadcasting
+        return q + scale * factor_apply(U, factor_t_apply(U, q))
+    d, r = U.shape[-2:]
+    ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
+    s_t = torch.as_tensor(scale, dtype=q.dtype, device=q.device)
+    return _MetricProjection.apply(ut, q.reshape(-1, d), s_t).view(q.shape)
+
+
+class _MetricProjection(torch.autograd.Function):
+    """``y = x + s U (U^T x)`` per token, ``ut (N, r, d)`` (``U^T``), ``x (N, d)``, ``s ()``, with
+    the backward written out: ``dx = g + s U U^T g``, ``dU^T = s (c g^T + e x^T)`` and
+    ``ds = sum e.c``, where ``c = U^T x`` and ``e = U^T g``."""
+
+    @staticmethod
+    def forward(ctx, ut: Tensor, x: Tensor, s: Tensor) -> Tensor:  # type: ignore[override]
+        c = torch.bmm(ut, x.unsqueeze(-1))  # (N, r, 1)
+        ctx.save_for_backward(ut, x, s, c)
+        return x + s * (c * ut).sum(1)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        ut, x, s, c = ctx.saved_tensors
+        e = torch.bmm(ut, g.unsqueeze(-1))  # (N, r, 1)
+        dx = g + s * (e * ut).sum(1)
+        dut = s * (c * g.unsqueeze(1) + e * x.unsqueeze(1))
+        return dut, dx, (e * c).sum().reshape(s.shape)
 
 
 def torsion_apply(left: Tensor, right: Tensor, x: Tensor) -> Tensor:
@@ -96,6 +123,53 @@ def transport_dense(a: Tensor, b: Tensor, kind: str = "linear") -> Tensor:
 def transport_apply(a: Tensor, b: Tensor, x: Tensor) -> Tensor:
     """``P x = x + Delta x`` with ``Delta = A B^T - B A^T`` (eq. (24)), ``O(d r)``."""
     return x + torsion_apply(a, b, x)
+
+
+class _SkewFactorsApply(torch.autograd.Function):
+    """``y = x + sum_p w_p (L_p R_p^T - R_p L_p^T) x`` per token: ``wt (N, 2P, r, d)`` (the
+    transposed factors ``L_1^T, R_1^T, L_2^T, ...``), ``x (N, d)``, ``w (P,)``. With ``c = W^T x``
+    and ``e = W^T g`` per factor, the backward is written out: ``dx = g - sum_p w_p T_p g``,
+    ``dL^T = w (c_R g^T - e_R x^T)``, ``dR^T = w (e_L x^T - c_L g^T)``, ``dw = sum e_L.c_R -
+    e_R.c_L``."""
+
+    @staticmethod
+    def forward(ctx, wt: Tensor, x: Tensor, w: Tensor) -> Tensor:  # type: ignore[override]
+        n, p2, r, d = wt.shape
+        flat = wt.view(n, p2 * r, d)
+        c = torch.bmm(flat, x.unsqueeze(-1)).view(n, p2 // 2, 2, r)  # L^T x, R^T x
+        cm = torch.stack([c[:, :, 1], -c[:, :, 0]], 2) * w.view(1, -1, 1, 1)
+        ctx.save_for_backward(wt, x, w, c, cm)
+        return x + (cm.view(n, p2 * r, 1) * flat).sum(1)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        wt, x, w, c, cm = ctx.saved_tensors
+        n, p2, r, d = wt.shape
+        flat = wt.view(n, p2 * r, d)
+        e = torch.bmm(flat, g.unsqueeze(-1)).view(n, p2 // 2, 2, r)  # L^T g, R^T g
+        dm = (torch.stack([e[:, :, 1], -e[:, :, 0]], 2) * w.view(1, -1, 1, 1)).view(n, p2 * r, 1)
+        dx = g - (dm * flat).sum(1)
+        dwt = cm.view(n, p2 * r, 1) * g.unsqueeze(1) - dm * x.unsqueeze(1)
+        dw = (e[:, :, 0] * c[:, :, 1] - e[:, :, 1] * c[:, :, 0]).sum((0, 2))
+        return dwt.view(n, p2, r, d), dx, dw
+
+
+def skew_factors_apply(wt: Tensor, x: Tensor, w: Tensor) -> Tensor:
+    """``x + sum_p w_p (L_p R_p^T - R_p L_p^T) x``: the transport ``P x = x + Delta x`` (eq. (24),
+    ``w = 1``) and the torsion ``gamma_T T x`` (eq. (22)) of the same vector in one pass, as
+    :func:`transport_apply` plus ``w`` times :func:`torsion_apply` (the references).
+
+    ``wt (..., 2P, r, d)``: per token the transposed factors ``L_1^T, R_1^T, L_2^T, R_2^T, ...``;
+    ``x (..., d)``; ``w (P,)``. Returns ``(..., d)``; backward written out, ``O(P d r)`` per token.
+    """
+    *batch, p2, r, d = wt.shape
+    if p2 % 2 or w.shape != (p2 // 2,) or list(x.shape) != [*batch, d]:
+        raise ValueError(
+            f"wt must be (..., 2P, r, d), x (..., d) and w (P,), got {tuple(wt.shape)}, "
+            f"{tuple(x.shape)}, {tuple(w.shape)}"
+        )
+    y = _SkewFactorsApply.apply(wt.reshape(-1, p2, r, d).contiguous(), x.reshape(-1, d), w)
+    return y.view(x.shape)
 
 
 def _symplectic(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

@@ -32,6 +32,7 @@ from .geometry import (
     cayley_transport_apply,
     curvature_proxy,
     metric_aware_projection,
+    skew_factors_apply,
     torsion_apply,
     transport_apply,
 )
@@ -94,6 +95,10 @@ class _HeadFactorNet(nn.Module):
         nn.init.normal_(self.fc2.weight, std=init_std / math.sqrt(hidden))
         nn.init.zeros_(self.fc2.bias)
 
+    def hidden_output(self, x: Tensor) -> Tensor:
+        """``x (B, L, D)`` -> ``(B, L, n_factors H d r)``, the last layer's output."""
+        return self.fc2(F.silu(self.fc1(x)))
+
     def factors(self, x: Tensor) -> Tensor:
         """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``.
 
@@ -101,8 +106,9 @@ class _HeadFactorNet(nn.Module):
         contiguous ``(r, d)`` block): one copy here, and then ``U^T x`` products and the
         flattened ``(L r, d)`` matrix of the pairwise scores need none."""
         b, seq, _ = x.shape
-        y = self.fc2(F.silu(self.fc1(x)))
-        y = y.view(b, seq, self.n_factors, self.n_heads, self.head_dim, self.rank)
+        y = self.hidden_output(x).view(
+            b, seq, self.n_factors, self.n_heads, self.head_dim, self.rank
+        )
         return y.permute(2, 0, 3, 1, 5, 4).contiguous().transpose(-1, -2)
 
 
@@ -400,7 +406,38 @@ class RiemannianAttention(Attention):
 
     def _transport(self, x: Tensor, out: Tensor, extras: dict[str, Tensor]) -> Tensor:
         """``P_i out_i`` (Phase D, eq. (24)) plus ``gamma_T T_i out_i`` (Phase C); the factors go
-        to ``extras``. ``x (B, L, D)``, ``out (B, H, L, d)``."""
+        to ``extras``. ``x (B, L, D)``, ``out (B, H, L, d)``. Linear transport and torsion of the
+        same rank go in one pass (:func:`skew_factors_apply`), their factors laid out per token."""
+        moved = out
+        transport = self.transport if self.use_geodesic else None
+        torsion, gate = self.torsion, self.torsion_gate
+        nets = [m for m in (transport, torsion) if m is not None]
+        if (not nets or (transport is not None and transport.kind != "linear")
+                or len({m.rank for m in nets}) > 1):  # fmt: skip
+            return self._transport_separately(x, out, extras)
+        raw, weights = [], []
+        if transport is not None:
+            with phase("transport"):
+                raw.append(transport.hidden_output(x))
+                weights.append(out.new_ones(()))
+        if torsion is not None and gate is not None:
+            with phase("torsion"):
+                raw.append(torsion.hidden_output(x))
+                weights.append(torch.sigmoid(gate).to(out.dtype))
+        with phase("transport"):
+            b, h, seq, d = out.shape
+            p2, r = 2 * len(raw), nets[0].rank
+            wt = torch.cat(raw, -1).view(b, seq, p2, h, d, r).permute(0, 3, 1, 2, 5, 4)
+            wt = wt.contiguous().to(out.dtype)  # (B, H, L, 2P, r, d): per token L^T, R^T, ...
+            moved = skew_factors_apply(wt, out, torch.stack(weights))
+        factors = wt.transpose(-1, -2).unbind(-3)  # each (B, H, L, d, r)
+        names = ["transport_a", "transport_b"] if transport is not None else []
+        names += ["torsion_l", "torsion_r"] if torsion is not None else []
+        extras.update(zip(names, factors))
+        return moved
+
+    def _transport_separately(self, x: Tensor, out: Tensor, extras: dict[str, Tensor]) -> Tensor:
+        """:meth:`_transport` one phase at a time (Cayley transport, ranks that differ)."""
         moved = out
         if self.transport is not None and self.use_geodesic:
             with phase("transport"):
