@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...linalg import capacitance, metric_inverse_apply
+from ...linalg import metric_inverse_apply
 
 __all__ = [
     "cayley_transport_apply",
@@ -92,7 +92,7 @@ class _MetricProjection(torch.autograd.Function):
         ut, x, s, c = ctx.saved_tensors
         e = torch.bmm(ut, g.unsqueeze(-1))  # (N, r, 1)
         dx = g + s * (e * ut).sum(1)
-        dut = s * (c * g.unsqueeze(1) + e * x.unsqueeze(1))
+        dut = (c * g.unsqueeze(1)).addcmul_(e, x.unsqueeze(1)).mul_(s)
         return dut, dx, (e * c).sum().reshape(s.shape)
 
 
@@ -149,7 +149,7 @@ class _SkewFactorsApply(torch.autograd.Function):
         e = torch.bmm(flat, g.unsqueeze(-1)).view(n, p2 // 2, 2, r)  # L^T g, R^T g
         dm = (torch.stack([e[:, :, 1], -e[:, :, 0]], 2) * w.view(1, -1, 1, 1)).view(n, p2 * r, 1)
         dx = g - (dm * flat).sum(1)
-        dwt = cm.view(n, p2 * r, 1) * g.unsqueeze(1) - dm * x.unsqueeze(1)
+        dwt = (cm.view(n, p2 * r, 1) * g.unsqueeze(1)).addcmul_(dm, x.unsqueeze(1), value=-1)
         dw = (e[:, :, 0] * c[:, :, 1] - e[:, :, 1] * c[:, :, 0]).sum((0, 2))
         return dwt.view(n, p2, r, d), dx, dw
 
@@ -216,30 +216,38 @@ def isometry_defect(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _WoodburyApply(torch.autograd.Function):
-    """``y = (I + U U^T)^{-1} x`` for ``U (N, d, r)``, ``x (N, d)``, with the backward written
-    out: ``dx = g^{-1} dy`` (``g`` is symmetric) and ``dU = -(w (U^T y)^T + y (U^T w)^T)`` with
-    ``w = g^{-1} dy``, both from the forward's Cholesky factor of ``I_r + U^T U``."""
+    """``y = (I + U U^T)^{-1} x`` for ``ut = U^T (N, r, d)``, ``x (N, d)``, with the backward
+    written out: ``dx = g^{-1} dy`` (``g`` is symmetric) and ``dU = -(w (U^T y)^T + y (U^T
+    w)^T)`` with ``w = g^{-1} dy``, both from the forward's inverse of the ``r x r``
+    capacitance ``I + U^T U`` (by its Cholesky factor). Per-token products as batched
+    matrix-vector products on ``U^T`` (contiguous when ``U`` is stored r-major)."""
 
     @staticmethod
-    def forward(ctx, U: Tensor, x: Tensor) -> Tensor:  # type: ignore[override]
-        chol = torch.linalg.cholesky_ex(capacitance(U))[0]  # (N, r, r)
-        y = _woodbury_solve(U, chol, x)
-        ctx.save_for_backward(U, chol, y)
+    def forward(ctx, ut: Tensor, x: Tensor) -> Tensor:  # type: ignore[override]
+        cap = torch.baddbmm(_eye_like(ut), ut, ut.transpose(1, 2))  # I + U^T U  (N, r, r)
+        cap_inv = torch.cholesky_inverse(torch.linalg.cholesky_ex(cap)[0])
+        y = _woodbury_solve(ut, cap_inv, x)
+        ctx.save_for_backward(ut, cap_inv, y)
         return y
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        U, chol, y = ctx.saved_tensors
-        w = _woodbury_solve(U, chol, dy)
-        uty, utw = factor_t_apply(U, y), factor_t_apply(U, w)  # (N, r)
-        dU = -(w.unsqueeze(-1) * uty.unsqueeze(-2) + y.unsqueeze(-1) * utw.unsqueeze(-2))
-        return dU, w
+        ut, cap_inv, y = ctx.saved_tensors
+        w = _woodbury_solve(ut, cap_inv, dy)
+        uty, utw = torch.bmm(ut, y.unsqueeze(-1)), torch.bmm(ut, w.unsqueeze(-1))  # (N, r, 1)
+        d_ut = (uty * w.unsqueeze(1)).addcmul_(utw, y.unsqueeze(1)).neg_()  # (N, r, d)
+        return d_ut, w
 
 
-def _woodbury_solve(U: Tensor, chol: Tensor, x: Tensor) -> Tensor:
-    """``x - U (I + U^T U)^{-1} U^T x`` given the Cholesky factor of ``I + U^T U``."""
-    coef = torch.cholesky_solve(factor_t_apply(U, x).unsqueeze(-1), chol)  # (N, r, 1)
-    return x - factor_apply(U, coef.squeeze(-1))
+def _eye_like(ut: Tensor) -> Tensor:
+    r = ut.shape[-2]
+    return torch.eye(r, dtype=ut.dtype, device=ut.device).expand(ut.shape[0], r, r)
+
+
+def _woodbury_solve(ut: Tensor, cap_inv: Tensor, x: Tensor) -> Tensor:
+    """``x - U (I + U^T U)^{-1} U^T x`` given the inverse of ``I + U^T U``."""
+    coef = torch.bmm(cap_inv, torch.bmm(ut, x.unsqueeze(-1)))  # (N, r, 1)
+    return x - (coef * ut).sum(1)
 
 
 def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor:
@@ -248,10 +256,11 @@ def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor
     ``h, update (..., d)``, ``U (..., d, r)`` with the same batch dimensions (one metric per
     vector). The same maths as :func:`attention_atlas.linalg.metric_inverse_apply` (the
     reference it is tested against), with its backward written out (:class:`_WoodburyApply`):
-    one Cholesky factorisation of ``I_r + U^T U`` per token serves both passes.
+    one inverse of ``I_r + U^T U`` per token (by Cholesky) serves both passes.
     """
     if U.shape[:-2] != update.shape[:-1] or U.shape[-2] != update.shape[-1]:
         return h + metric_inverse_apply(U, update)  # broadcasting: the reference path
     d, r = U.shape[-2:]
-    flat = _WoodburyApply.apply(U.reshape(-1, d, r), update.reshape(-1, d))
+    ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
+    flat = _WoodburyApply.apply(ut, update.reshape(-1, d))
     return h + flat.view(update.shape)

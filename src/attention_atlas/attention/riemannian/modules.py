@@ -75,6 +75,8 @@ class _NoiseGradient(torch.autograd.Function):
 class _HeadFactorNet(nn.Module):
     """``Linear(D, D m) -> SiLU -> Linear(D m, n_factors H d r)``, final layer ~ N(0, std^2 / (D m))."""
 
+    row_order: Tensor
+
     def __init__(
         self,
         dim: int,
@@ -94,10 +96,18 @@ class _HeadFactorNet(nn.Module):
         self.fc2 = nn.Linear(hidden, n_factors * n_heads * head_dim * rank)
         nn.init.normal_(self.fc2.weight, std=init_std / math.sqrt(hidden))
         nn.init.zeros_(self.fc2.bias)
+        # fc2's outputs are numbered (factor, head, d, r); read them in the order (head,
+        # factor, r, d), so that each token's r-major (r, d) blocks are contiguous
+        order = torch.arange(n_factors * n_heads * head_dim * rank)
+        order = order.view(n_factors, n_heads, head_dim, rank).permute(1, 0, 3, 2).reshape(-1)
+        self.register_buffer("row_order", order, persistent=False)
 
     def hidden_output(self, x: Tensor) -> Tensor:
-        """``x (B, L, D)`` -> ``(B, L, n_factors H d r)``, the last layer's output."""
-        return self.fc2(F.silu(self.fc1(x)))
+        """``x (B, L, D)`` -> ``(B, L, H, n_factors r d)``: fc2's outputs per head, each
+        factor transposed (``U^T``, r-major)."""
+        w = self.fc2.weight.index_select(0, self.row_order)
+        y = F.linear(F.silu(self.fc1(x)), w, self.fc2.bias.index_select(0, self.row_order))
+        return y.view(*x.shape[:-1], self.n_heads, -1)
 
     def factors(self, x: Tensor) -> Tensor:
         """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``.
@@ -106,10 +116,9 @@ class _HeadFactorNet(nn.Module):
         contiguous ``(r, d)`` block): one copy here, and then ``U^T x`` products and the
         flattened ``(L r, d)`` matrix of the pairwise scores need none."""
         b, seq, _ = x.shape
-        y = self.hidden_output(x).view(
-            b, seq, self.n_factors, self.n_heads, self.head_dim, self.rank
-        )
-        return y.permute(2, 0, 3, 1, 5, 4).contiguous().transpose(-1, -2)
+        f, h, d, r = self.n_factors, self.n_heads, self.head_dim, self.rank
+        y = self.hidden_output(x).view(b, seq, h, f, r, d)
+        return y.permute(3, 0, 2, 1, 4, 5).contiguous().transpose(-1, -2)
 
 
 class MetricNet(_HeadFactorNet):
@@ -427,8 +436,8 @@ class RiemannianAttention(Attention):
         with phase("transport"):
             b, h, seq, d = out.shape
             p2, r = 2 * len(raw), nets[0].rank
-            wt = torch.cat(raw, -1).view(b, seq, p2, h, d, r).permute(0, 3, 1, 2, 5, 4)
-            wt = wt.contiguous().to(out.dtype)  # (B, H, L, 2P, r, d): per token L^T, R^T, ...
+            wt = torch.cat(raw, -1).transpose(1, 2).contiguous().to(out.dtype)
+            wt = wt.view(b, h, seq, p2, r, d)  # per token L^T, R^T, ... (r-major factors)
             moved = skew_factors_apply(wt, out, torch.stack(weights))
         factors = wt.transpose(-1, -2).unbind(-3)  # each (B, H, L, d, r)
         names = ["transport_a", "transport_b"] if transport is not None else []

@@ -101,65 +101,74 @@ def _causal_tiles(n: int, seq: int, r: int, block: int) -> list[tuple[slice, int
     return tiles
 
 
-def _tile_products(ut: Tensor, x: Tensor, c: Tensor, sl: slice, t0: int, t1: int) -> Tensor:
-    """``G - c`` of one tile, ``(m, b, r, W)``: the block's ``U_t^T`` against the queries
-    ``q_s, s >= t0`` (centred by ``U_t^T k_t``) then the keys ``k_s, s < t1`` (centred by
-    ``U_t^T q_t``). ``x (N, 2L, d)`` is ``[q; k]``, so these columns are the rows
-    ``[t0, L + t1)`` of ``x``; ``c (N, L, r, 2)`` holds ``(U_t^T k_t, U_t^T q_t)``."""
+def _tile_products(ut: Tensor, x: Tensor, sl: slice, t0: int, t1: int) -> tuple[Tensor, Tensor]:
+    """``(G - c, c)`` of one tile: ``G (m, b, r, W)`` is the block's ``U_t^T`` against the
+    queries ``q_s, s >= t0`` then the keys ``k_s, s < t1`` (``x (N, 2L, d)`` is ``[q; k]``, so
+    these are its rows ``[t0, L + t1)``). Both hold each token's own ``q_t`` and ``k_t``, so the
+    centres ``U_t^T k_t`` (of the query columns) and ``U_t^T q_t`` (of the key columns) are
+    entries of ``G``: ``c (m, b, r, 2)`` is read off it before the centring."""
     seq = ut.shape[1]
     u = ut[sl, t0:t1]  # (m, b, r, d)
     m, b, r, d = u.shape
     cols = x[sl, t0 : seq + t1]  # (m, W, d)
     g = torch.bmm(u.reshape(m, b * r, d), cols.transpose(1, 2)).view(m, b, r, -1)
     nq = seq - t0
-    cc = c[sl, t0:t1]
-    g[..., :nq].sub_(cc[..., 0:1])
-    g[..., nq:].sub_(cc[..., 1:2])
-    return g
+    own_k, own_q = _own_columns(g, nq, t0, b)
+    c = torch.stack([own_k, own_q], -1).transpose(1, 2)  # (m, b, r, 2)
+    g[..., :nq].sub_(c[..., 0:1])
+    g[..., nq:].sub_(c[..., 1:2])
+    return g, c
+
+
+def _own_columns(g: Tensor, nq: int, t0: int, b: int) -> tuple[Tensor, Tensor]:
+    """Views ``(m, r, b)`` of a tile's entries ``U_t^T k_t`` and ``U_t^T q_t``."""
+    own_k = g[..., nq + t0 : nq + t0 + b].diagonal(dim1=1, dim2=3)
+    return own_k, g[..., :b].diagonal(dim1=1, dim2=3)
 
 
 class _CausalPairwiseMetricTerms(torch.autograd.Function):
     """``base + scale (D[n, i, 0, j] + D[n, j, 1, i])`` (:class:`_PairwiseMetricTerms`) for the
     pairs ``j <= i``, ``-inf`` for ``j > i``, written into ``base (N, L, L)`` in place:
-    ``ut (N, L, r, d)``, ``x (N, 2L, d)`` (``[q; k]``), ``c (N, L, r, 2)``. Each tile's products
-    are recomputed in the backward, not stored."""
+    ``ut (N, L, r, d)``, ``x (N, 2L, d)`` (``[q; k]``); the centres are entries of the products
+    (:func:`_tile_products`), and their gradient goes back through the same entries. Each
+    tile's products are recomputed in the backward, not stored."""
 
     @staticmethod
-    def forward(
-        ctx, base: Tensor, ut: Tensor, x: Tensor, c: Tensor, scale: float, block: int
-    ) -> Tensor:  # type: ignore[override]
+    def forward(ctx, base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int) -> Tensor:  # type: ignore[override]
         n, seq, r, _ = ut.shape
         for sl, t0, t1 in _causal_tiles(n, seq, r, block):
-            dsq = _tile_products(ut, x, c, sl, t0, t1).square_().sum(2).mul_(scale)  # (m, b, W)
+            dsq = _tile_products(ut, x, sl, t0, t1)[0].square_().sum(2).mul_(scale)  # (m, b, W)
             nq = seq - t0
             base[sl, t0:t1, :t1] += dsq[..., nq:]  # |U_i^T (q_i - k_j)|^2, i in the block
             base[sl, t0:, t0:t1] += dsq[..., :nq].transpose(1, 2)  # |U_j^T (q_i - k_j)|^2
         base.masked_fill_(_above_diagonal(seq, base.device), float("-inf"))
         ctx.mark_dirty(base)
         ctx.scale, ctx.block = scale, block
-        ctx.save_for_backward(ut, x, c)
+        ctx.save_for_backward(ut, x)
         return base
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
-        ut, x, c = ctx.saved_tensors
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
+        ut, x = ctx.saved_tensors
         n, seq, r, d = ut.shape
         d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
-        d_ut, d_x, d_c = torch.empty_like(ut), torch.zeros_like(x), torch.empty_like(c)
+        d_ut, d_x = torch.empty_like(ut), torch.zeros_like(x)
         for sl, t0, t1 in _causal_tiles(n, seq, r, ctx.block):
             nq = seq - t0
             dd = torch.cat([d_base[sl, t0:, t0:t1].transpose(1, 2), d_base[sl, t0:t1, :t1]], -1)
             dd.mul_(2.0 * ctx.scale)
-            dg = _tile_products(ut, x, c, sl, t0, t1).mul_(dd.unsqueeze(2))  # (m, b, r, W)
+            dg = _tile_products(ut, x, sl, t0, t1)[0].mul_(dd.unsqueeze(2))  # (m, b, r, W)
             m, b = dg.shape[:2]
+            d_ck, d_cq = -dg[..., :nq].sum(-1), -dg[..., nq:].sum(-1)  # (m, b, r)
+            own_k, own_q = _own_columns(dg, nq, t0, b)  # the centres' entries
+            own_k.add_(d_ck.transpose(1, 2))
+            own_q.add_(d_cq.transpose(1, 2))
             flat = dg.view(m, b * r, -1)
             d_ut[sl, t0:t1] = torch.bmm(flat, x[sl, t0 : seq + t1]).view(m, b, r, d)
             d_x[sl, t0 : seq + t1] += torch.bmm(
                 flat.transpose(1, 2), ut[sl, t0:t1].reshape(m, b * r, d)
             )
-            d_c[sl, t0:t1, :, 0] = -dg[..., :nq].sum(-1)
-            d_c[sl, t0:t1, :, 1] = -dg[..., nq:].sum(-1)
-        return d_base, d_ut, d_x, d_c, None, None
+        return d_base, d_ut, d_x, None, None
 
 
 def _above_diagonal(seq: int, device: torch.device) -> Tensor:
@@ -190,20 +199,19 @@ def pairwise_metric_terms(
 
     check_metric_inputs(q, k, U, 1.0)
     *batch, seq, d, r = U.shape
-    uq, uk = factor_t_apply(U, q), factor_t_apply(U, k)  # the centres U_i^T q_i, U_j^T k_j
     ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
     if causal:
         x = torch.cat([q, k], -2).reshape(-1, 2 * seq, d)
-        c = torch.stack([uk, uq], -1).reshape(-1, seq, r, 2)
         acc = ut.new_zeros(ut.shape[0], seq, seq) if base is None else base
         if acc.shape != (ut.shape[0], seq, seq):
             raise ValueError(
                 f"base must have shape {(ut.shape[0], seq, seq)}, got {tuple(acc.shape)}"
             )
-        out = _CausalPairwiseMetricTerms.apply(acc, ut, x, c, float(scale), CAUSAL_BLOCK)
+        out = _CausalPairwiseMetricTerms.apply(acc, ut, x, float(scale), CAUSAL_BLOCK)
         return out.view(*batch, seq, seq)
     if base is not None:
         raise ValueError("base is only taken with causal=True")
+    uq, uk = factor_t_apply(U, q), factor_t_apply(U, k)  # the centres U_i^T q_i, U_j^T k_j
     x = torch.stack([k, q], -3).reshape(-1, 2, seq, d)
     c = torch.stack([uq, uk], -1).reshape(-1, seq, r, 2)
     return _PairwiseMetricTerms.apply(ut, x, c, float(scale)).view(*batch, seq, seq)
