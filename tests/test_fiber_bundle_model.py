@@ -89,16 +89,19 @@ def test_each_phase_changes_the_function_when_switched_off() -> None:
         assert (outs[off] - outs[None]).abs().max() > 1e-6, f"phase {off} had no effect"
 
 
-def _model_logits(model, x, monkeypatch) -> torch.Tensor:
-    """The scores the first block's attention feeds to its softmax during a forward pass."""
+def _model_probs(model, x, monkeypatch) -> torch.Tensor:
+    """The attention probabilities of the first block during a forward pass (the causal
+    softmax the attention computes with its scores, eq. (16))."""
     seen: list[torch.Tensor] = []
-    inner = modules.masked_softmax
+    inner = modules.geodesic_scores_decomposed
 
-    def spy(logits, keep):
-        seen.append(logits)
-        return inner(logits, keep)
+    def spy(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        assert kwargs["causal"] and kwargs["softmax"]
+        seen.append(out)
+        return out
 
-    monkeypatch.setattr(modules, "masked_softmax", spy)
+    monkeypatch.setattr(modules, "geodesic_scores_decomposed", spy)
     model(x)
     monkeypatch.undo()
     return seen[0]
@@ -126,7 +129,7 @@ BLENDS = [(1.0, "distance"), (0.3, "distance"), (0.3, "dot")]
 
 
 @pytest.mark.parametrize(("alpha", "baseline"), BLENDS)
-def test_model_scores_equal_the_definition_for_every_phase_combination(
+def test_model_attention_equals_the_definition_for_every_phase_combination(
     alpha, baseline, monkeypatch
 ) -> None:
     x = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(4))
@@ -137,10 +140,10 @@ def test_model_scores_equal_the_definition_for_every_phase_combination(
         model = cfg.build().double()
         _grow_metric(model)
         assert fbt_attentions(model)[0].method == "decomposed"
-        got = _model_logits(model, x, monkeypatch)
+        got = _model_probs(model, x, monkeypatch)
         ref = _reference_logits(model, x, cfg).detach()  # the model is causal: j > i masked
         ref = ref.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf"))
-        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10, msg=f"phases {phases}")
+        torch.testing.assert_close(got, ref.softmax(-1), rtol=1e-10, atol=1e-12, msg=f"{phases}")
 
 
 def test_phase_e_adds_the_inverse_metric_times_the_ffn_output() -> None:

@@ -124,3 +124,13 @@ def test_transport_and_torsion_in_one_pass_equal_the_dense_operators():
     for t in (wt, x, w):
         t.requires_grad_(True)
     assert torch.autograd.gradcheck(R.skew_factors_apply, (wt, x, w))
+
+
+def test_metric_aware_projections_of_q_and_k_are_eq20_of_each_and_pass_gradcheck():
+    q, k, _, U = inputs(shape=(2,), L=3, d=4, r=2, seed=42, grad=True)
+    gamma = torch.tensor(0.4, dtype=DT, requires_grad=True)
+    pq, pk = R.metric_aware_projections(U, gamma, q, k)
+    for x, p in ((q, pq), (k, pk)):
+        assert rel(p, x + gamma / 2.0 * (U @ U.mT @ x.unsqueeze(-1)).squeeze(-1)) < TOL
+    assert torch.autograd.gradcheck(lambda U, g, q, k: R.metric_aware_projections(U, g, q, k),
+                                    (U, gamma, q, k))  # fmt: skip

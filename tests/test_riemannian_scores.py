@@ -252,9 +252,27 @@ def test_causal_eq16_attention_equals_eq15_attention_and_its_gradients(alpha, ba
                                        baseline=baseline, causal=True)  # fmt: skip
     assert rel(got[..., below], ref[..., below]) < TOL and torch.isneginf(got[..., ~below]).all()
     out_ref = torch.softmax(ref.masked_fill(~below, float("-inf")), -1) @ v
-    out = torch.softmax(got, -1) @ v
-    assert rel(out, out_ref) < TOL
-    w = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad((out * w).sum(), (q, k, v, U, omega)),
-                    torch.autograd.grad((out_ref * w).sum(), (q, k, v, U, omega))):  # fmt: skip
-        assert rel(a, b) < TOL
+    fused = R.geodesic_scores_decomposed(q, k, U, 1.7, curvature=omega, alpha=alpha,
+                                         baseline=baseline, causal=True, softmax=True)  # fmt: skip
+    w = torch.randn_like(out_ref)
+    g_ref = torch.autograd.grad((out_ref * w).sum(), (q, k, v, U, omega))
+    for out in (torch.softmax(got, -1) @ v, fused @ v):  # the scores, then the probabilities
+        assert rel(out, out_ref) < TOL
+        for a, b in zip(torch.autograd.grad((out * w).sum(), (q, k, v, U, omega)), g_ref):
+            assert rel(a, b) < TOL
+
+
+def test_causal_eq16_probabilities_pass_gradcheck_and_need_a_causal_mask(monkeypatch):
+    from attention_atlas.attention.riemannian import pairwise
+
+    monkeypatch.setattr(pairwise, "CAUSAL_BLOCK", 3)  # three blocks of tokens
+    q, k, _, U = inputs(shape=(2,), L=7, d=3, r=2, seed=39, grad=True)
+    omega = torch.rand(q.shape[:-1], dtype=DT, requires_grad=True)
+
+    def probs(q, k, U, omega):
+        return R.geodesic_scores_decomposed(q, k, U, 1.3, curvature=omega, alpha=0.6,
+                                            baseline="dot", causal=True, softmax=True)  # fmt: skip
+
+    assert torch.autograd.gradcheck(probs, (q, k, U, omega))
+    with pytest.raises(ValueError, match="softmax=True needs causal=True"):
+        R.geodesic_scores_decomposed(q, k, U, 1.3, softmax=True)

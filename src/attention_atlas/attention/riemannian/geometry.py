@@ -29,6 +29,7 @@ __all__ = [
     "factor_t_apply",
     "isometry_defect",
     "metric_aware_projection",
+    "metric_aware_projections",
     "metric_preconditioned_update",
     "metric_strength",
     "skew_factors_apply",
@@ -67,33 +68,54 @@ def metric_aware_projection(q: Tensor, U: Tensor, gamma: Tensor | float) -> Tens
     (The extracted text of eq. (20) reads ``gamma . 1 d``; we take the lost radical as
     ``1 / sqrt(d)``, like the paper's other scalings.) ``gamma`` is the gate, already squashed.
     """
-    scale = gamma / math.sqrt(q.shape[-1])
     if U.shape[:-2] != q.shape[:-1] or U.shape[-2] != q.shape[-1]:  # broadcasting
+        scale = gamma / math.sqrt(q.shape[-1])
         return q + scale * factor_apply(U, factor_t_apply(U, q))
+    return metric_aware_projections(U, gamma, q)[0]
+
+
+def metric_aware_projections(U: Tensor, gamma: Tensor | float, *xs: Tensor) -> tuple[Tensor, ...]:
+    """:func:`metric_aware_projection` of several vectors per token under the same metric (the
+    query and the key), in one pass with a written-out backward (:class:`_MetricProjection`).
+    ``U (..., d, r)``, each ``x (..., d)`` with the same batch dimensions."""
     d, r = U.shape[-2:]
+    for x in xs:
+        if x.shape != U.shape[:-1]:
+            raise ValueError(
+                f"x must have shape {tuple(U.shape[:-1])} to match U, got {tuple(x.shape)}"
+            )
+    scale = torch.as_tensor(gamma / math.sqrt(d), dtype=U.dtype, device=U.device)
     ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
-    s_t = torch.as_tensor(scale, dtype=q.dtype, device=q.device)
-    return _MetricProjection.apply(ut, q.reshape(-1, d), s_t).view(q.shape)
+    ys = _MetricProjection.apply(ut, scale, *(x.reshape(-1, d) for x in xs))
+    return tuple(y.view(x.shape) for x, y in zip(xs, ys))
 
 
 class _MetricProjection(torch.autograd.Function):
-    """``y = x + s U (U^T x)`` per token, ``ut (N, r, d)`` (``U^T``), ``x (N, d)``, ``s ()``, with
-    the backward written out: ``dx = g + s U U^T g``, ``dU^T = s (c g^T + e x^T)`` and
-    ``ds = sum e.c``, where ``c = U^T x`` and ``e = U^T g``."""
+    """``y = x + s U (U^T x)`` per token for each ``x (N, d)``, ``ut (N, r, d)`` (``U^T``), ``s
+    ()``, with the backward written out: ``dx = g + s U U^T g``, ``dU^T = s sum_x (c g^T + e
+    x^T)`` and ``ds = sum e.c``, where ``c = U^T x`` and ``e = U^T g``."""
 
     @staticmethod
-    def forward(ctx, ut: Tensor, x: Tensor, s: Tensor) -> Tensor:  # type: ignore[override]
-        c = torch.bmm(ut, x.unsqueeze(-1))  # (N, r, 1)
-        ctx.save_for_backward(ut, x, s, c)
-        return x + s * (c * ut).sum(1)
+    def forward(ctx, ut: Tensor, s: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:  # type: ignore[override]
+        cs = [torch.bmm(ut, x.unsqueeze(-1)) for x in xs]  # (N, r, 1) each
+        ctx.save_for_backward(ut, s, *xs, *cs)
+        return tuple(x + s * (c * ut).sum(1) for x, c in zip(xs, cs))
 
     @staticmethod
-    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        ut, x, s, c = ctx.saved_tensors
-        e = torch.bmm(ut, g.unsqueeze(-1))  # (N, r, 1)
-        dx = g + s * (e * ut).sum(1)
-        dut = (c * g.unsqueeze(1)).addcmul_(e, x.unsqueeze(1)).mul_(s)
-        return dut, dx, (e * c).sum().reshape(s.shape)
+    def backward(ctx, *gs: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        ut, s, *rest = ctx.saved_tensors
+        xs, cs = rest[: len(gs)], rest[len(gs) :]
+        dxs: list[Tensor | None] = []
+        dut, ds = torch.zeros_like(ut), s.new_zeros(())
+        for x, c, g in zip(xs, cs, gs):
+            if g is None:
+                dxs.append(None)
+                continue
+            e = torch.bmm(ut, g.unsqueeze(-1))  # (N, r, 1)
+            dxs.append(g + s * (e * ut).sum(1))
+            dut.addcmul_(c, g.unsqueeze(1)).addcmul_(e, x.unsqueeze(1))
+            ds = ds + (e * c).sum()
+        return (dut.mul_(s), ds.reshape(s.shape), *dxs)
 
 
 def torsion_apply(left: Tensor, right: Tensor, x: Tensor) -> Tensor:
@@ -219,13 +241,14 @@ class _WoodburyApply(torch.autograd.Function):
     """``y = (I + U U^T)^{-1} x`` for ``ut = U^T (N, r, d)``, ``x (N, d)``, with the backward
     written out: ``dx = g^{-1} dy`` (``g`` is symmetric) and ``dU = -(w (U^T y)^T + y (U^T
     w)^T)`` with ``w = g^{-1} dy``, both from the forward's inverse of the ``r x r``
-    capacitance ``I + U^T U`` (by its Cholesky factor). Per-token products as batched
+    capacitance ``I + U^T U`` (symmetric, eigenvalues at least 1). Per-token products as batched
     matrix-vector products on ``U^T`` (contiguous when ``U`` is stored r-major)."""
 
     @staticmethod
     def forward(ctx, ut: Tensor, x: Tensor) -> Tensor:  # type: ignore[override]
-        cap = torch.baddbmm(_eye_like(ut), ut, ut.transpose(1, 2))  # I + U^T U  (N, r, r)
-        cap_inv = torch.cholesky_inverse(torch.linalg.cholesky_ex(cap)[0])
+        cap = torch.bmm(ut, ut.transpose(1, 2))
+        cap.diagonal(dim1=1, dim2=2).add_(1.0)  # I + U^T U  (N, r, r), eigenvalues >= 1
+        cap_inv = torch.linalg.inv_ex(cap)[0]
         y = _woodbury_solve(ut, cap_inv, x)
         ctx.save_for_backward(ut, cap_inv, y)
         return y
@@ -237,11 +260,6 @@ class _WoodburyApply(torch.autograd.Function):
         uty, utw = torch.bmm(ut, y.unsqueeze(-1)), torch.bmm(ut, w.unsqueeze(-1))  # (N, r, 1)
         d_ut = (uty * w.unsqueeze(1)).addcmul_(utw, y.unsqueeze(1)).neg_()  # (N, r, d)
         return d_ut, w
-
-
-def _eye_like(ut: Tensor) -> Tensor:
-    r = ut.shape[-2]
-    return torch.eye(r, dtype=ut.dtype, device=ut.device).expand(ut.shape[0], r, r)
 
 
 def _woodbury_solve(ut: Tensor, cap_inv: Tensor, x: Tensor) -> Tensor:
@@ -256,7 +274,7 @@ def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor
     ``h, update (..., d)``, ``U (..., d, r)`` with the same batch dimensions (one metric per
     vector). The same maths as :func:`attention_atlas.linalg.metric_inverse_apply` (the
     reference it is tested against), with its backward written out (:class:`_WoodburyApply`):
-    one inverse of ``I_r + U^T U`` per token (by Cholesky) serves both passes.
+    one inverse of ``I_r + U^T U`` per token serves both passes.
     """
     if U.shape[:-2] != update.shape[:-1] or U.shape[-2] != update.shape[-1]:
         return h + metric_inverse_apply(U, update)  # broadcasting: the reference path

@@ -32,6 +32,7 @@ from .geometry import (
     cayley_transport_apply,
     curvature_proxy,
     metric_aware_projection,
+    metric_aware_projections,
     skew_factors_apply,
     torsion_apply,
     transport_apply,
@@ -221,6 +222,11 @@ class MetricAwareProjection(nn.Module):
     def forward(self, q: Tensor, U: Tensor) -> Tensor:
         return metric_aware_projection(q, U, torch.sigmoid(self.gamma_param))
 
+    def pair(self, q: Tensor, k: Tensor, U: Tensor) -> tuple[Tensor, Tensor]:
+        """The projections of ``q`` and ``k`` under the same ``U``, in one pass."""
+        q, k = metric_aware_projections(U, torch.sigmoid(self.gamma_param).to(U.dtype), q, k)
+        return q, k
+
 
 class RiemannianAttention(Attention):
     """Multi-head geodesic attention with per-token low-rank metrics from the hidden state, and
@@ -358,7 +364,7 @@ class RiemannianAttention(Attention):
             U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
         if self.projection is not None:  # Phase A++
             with phase("metric_projection"):
-                q, k = self.projection(q, U), self.projection(k, U)
+                q, k = self.projection.pair(q, k, U)
         omega = None
         if self.curvature is not None:  # Phase B
             with phase("curvature"):
@@ -401,13 +407,15 @@ class RiemannianAttention(Attention):
             logits = scores(q, k, U, self.tau, curvature=omega, alpha=alpha, baseline=baseline)
             return attention_from_logits(logits, v, causal=causal, mask=mask)
         if method == "decomposed":  # under a causal mask, the pairs j <= i only
-            logits = geodesic_scores_decomposed(q, k, U, self.tau, curvature=omega, alpha=alpha,
-                                                baseline=baseline, causal=causal)  # fmt: skip
-            keep = None  # causal alone: masked already (-inf), every row keeps its diagonal
-            if mask is not None or not causal:
-                keep = combine_masks(
-                    q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
-                )
+            fused = causal and mask is None  # then the causal softmax with the scores, one pass
+            out = geodesic_scores_decomposed(q, k, U, self.tau, curvature=omega, alpha=alpha,
+                                             baseline=baseline, causal=causal, softmax=fused)  # fmt: skip
+            if fused:  # probabilities (B, H, L, L)
+                return AttentionResult(out @ v)
+            logits = out
+            keep = combine_masks(
+                q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
+            )
             return AttentionResult(masked_softmax(logits, keep) @ v)
         out = geodesic_attention(q, k, v, U, self.tau, causal, mask=mask, curvature=omega,
                                  alpha=alpha, baseline=baseline, method=cast(Method, method))  # fmt: skip
@@ -436,7 +444,7 @@ class RiemannianAttention(Attention):
         with phase("transport"):
             b, h, seq, d = out.shape
             p2, r = 2 * len(raw), nets[0].rank
-            wt = torch.cat(raw, -1).transpose(1, 2).contiguous().to(out.dtype)
+            wt = torch.stack([y.transpose(1, 2) for y in raw], 3).to(out.dtype)  # one copy
             wt = wt.view(b, h, seq, p2, r, d)  # per token L^T, R^T, ... (r-major factors)
             moved = skew_factors_apply(wt, out, torch.stack(weights))
         factors = wt.transpose(-1, -2).unbind(-3)  # each (B, H, L, d, r)

@@ -96,7 +96,7 @@ def _causal_tiles(n: int, seq: int, r: int, block: int) -> list[tuple[slice, int
     tiles = []
     for t0 in range(0, seq, block):
         t1 = min(t0 + block, seq)
-        for sl in _chunks(n, (t1 - t0) * r * (seq + t1 - 2 * t0), PAIRWISE_CHUNK // 4):
+        for sl in _chunks(n, (t1 - t0) * r * (seq - t0 + t1), PAIRWISE_CHUNK // 4):
             tiles.append((sl, t0, t1))
     return tiles
 
@@ -131,10 +131,14 @@ class _CausalPairwiseMetricTerms(torch.autograd.Function):
     pairs ``j <= i``, ``-inf`` for ``j > i``, written into ``base (N, L, L)`` in place:
     ``ut (N, L, r, d)``, ``x (N, 2L, d)`` (``[q; k]``); the centres are entries of the products
     (:func:`_tile_products`), and their gradient goes back through the same entries. Each
-    tile's products are recomputed in the backward, not stored."""
+    tile's products are recomputed in the backward, not stored. ``softmax=True`` returns the
+    row-wise softmax instead (``base`` is then scratch): its backward is 0 above the
+    diagonal by itself, so no pass masks the gradient."""
 
     @staticmethod
-    def forward(ctx, base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx, base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int, softmax: bool
+    ) -> Tensor:  # type: ignore[override]
         n, seq, r, _ = ut.shape
         for sl, t0, t1 in _causal_tiles(n, seq, r, block):
             dsq = _tile_products(ut, x, sl, t0, t1)[0].square_().sum(2).mul_(scale)  # (m, b, W)
@@ -142,16 +146,23 @@ class _CausalPairwiseMetricTerms(torch.autograd.Function):
             base[sl, t0:t1, :t1] += dsq[..., nq:]  # |U_i^T (q_i - k_j)|^2, i in the block
             base[sl, t0:, t0:t1] += dsq[..., :nq].transpose(1, 2)  # |U_j^T (q_i - k_j)|^2
         base.masked_fill_(_above_diagonal(seq, base.device), float("-inf"))
+        ctx.scale, ctx.block, ctx.softmax = scale, block, softmax
+        if softmax:
+            probs = torch.softmax(base, -1)
+            ctx.save_for_backward(ut, x, probs)
+            return probs
         ctx.mark_dirty(base)
-        ctx.scale, ctx.block = scale, block
         ctx.save_for_backward(ut, x)
         return base
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
-        ut, x = ctx.saved_tensors
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:  # type: ignore[override]
+        ut, x, *probs = ctx.saved_tensors
         n, seq, r, d = ut.shape
-        d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
+        if ctx.softmax:
+            d_base = torch._softmax_backward_data(grad, probs[0], -1, probs[0].dtype)
+        else:
+            d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
         d_ut, d_x = torch.empty_like(ut), torch.zeros_like(x)
         for sl, t0, t1 in _causal_tiles(n, seq, r, ctx.block):
             nq = seq - t0
@@ -168,7 +179,7 @@ class _CausalPairwiseMetricTerms(torch.autograd.Function):
             d_x[sl, t0 : seq + t1] += torch.bmm(
                 flat.transpose(1, 2), ut[sl, t0:t1].reshape(m, b * r, d)
             )
-        return d_base, d_ut, d_x, None, None
+        return d_base, d_ut, d_x, None, None, None
 
 
 def _above_diagonal(seq: int, device: torch.device) -> Tensor:
@@ -184,6 +195,7 @@ def pairwise_metric_terms(
     scale: float = 1.0,
     causal: bool = False,
     base: Tensor | None = None,
+    softmax: bool = False,
 ) -> Tensor:
     """``scale (|U_i^T (q_i - k_j)|^2 + |U_j^T (q_i - k_j)|^2)``: the metric terms of eq. (16).
 
@@ -193,7 +205,10 @@ def pairwise_metric_terms(
     ``causal=True``: the terms of the pairs ``j <= i`` only, the entries ``j > i`` are ``-inf``
     (scores under a causal mask), from products over blocks of :data:`CAUSAL_BLOCK` tokens
     against ``L + b`` columns each; ``base (N, L, L)`` (``N`` the product of the batch
-    dimensions; a fresh tensor, overwritten) is then added to the terms in place (the rest of a score, without another pass over ``L x L``).
+    dimensions; a fresh tensor, overwritten) is then added to the terms in place (the rest of a
+    score, without another pass over ``L x L``); ``softmax=True`` (with ``causal``) returns the
+    row-wise softmax of that sum, the attention probabilities, with a backward that needs no
+    mask.
     """
     from .scores import check_metric_inputs
 
@@ -207,10 +222,10 @@ def pairwise_metric_terms(
             raise ValueError(
                 f"base must have shape {(ut.shape[0], seq, seq)}, got {tuple(acc.shape)}"
             )
-        out = _CausalPairwiseMetricTerms.apply(acc, ut, x, float(scale), CAUSAL_BLOCK)
+        out = _CausalPairwiseMetricTerms.apply(acc, ut, x, float(scale), CAUSAL_BLOCK, softmax)
         return out.view(*batch, seq, seq)
-    if base is not None:
-        raise ValueError("base is only taken with causal=True")
+    if base is not None or softmax:
+        raise ValueError("base and softmax are only taken with causal=True")
     uq, uk = factor_t_apply(U, q), factor_t_apply(U, k)  # the centres U_i^T q_i, U_j^T k_j
     x = torch.stack([k, q], -3).reshape(-1, 2, seq, d)
     c = torch.stack([uq, uk], -1).reshape(-1, seq, r, 2)

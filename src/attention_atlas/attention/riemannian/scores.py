@@ -264,6 +264,7 @@ def geodesic_scores_decomposed(
     alpha: float = 1.0,
     baseline: Baseline = "distance",
     causal: bool = False,
+    softmax: bool = False,
 ) -> Tensor:
     """Geodesic scores by the decomposition of eq. (16).
 
@@ -275,7 +276,8 @@ def geodesic_scores_decomposed(
     as row and column terms: ``(2r + 1) d`` multiply-adds per pair. Curvature and blending as
     in :func:`geodesic_scores`. Returns ``(..., L, L)``; with ``causal=True`` the scores under a
     causal mask: ``-inf`` for ``j > i``, the pairwise products formed for ``j <= i`` only (about
-    half of them).
+    half of them); ``softmax=True`` (with ``causal``) returns their row-wise softmax, the
+    attention probabilities (one pass less, forward and backward).
     """
     check_metric_inputs(q, k, U, tau)
     check_curvature(curvature, q)
@@ -290,7 +292,11 @@ def geodesic_scores_decomposed(
         ka = torch.cat([k, ones, col.unsqueeze(-1)], -1)
         seq, width = q.shape[-2], q.shape[-1] + 2
         base = torch.bmm(qa.reshape(-1, seq, width), ka.reshape(-1, seq, width).transpose(1, 2))
-        return pairwise_metric_terms(U, q, k, scale=-0.5 * c_met, causal=True, base=base)
+        return pairwise_metric_terms(
+            U, q, k, scale=-0.5 * c_met, causal=True, base=base, softmax=softmax
+        )
+    if softmax:
+        raise ValueError("softmax=True needs causal=True")
     metric = pairwise_metric_terms(U, q, k, scale=-0.5 * c_met)  # (..., Li, Lj)
     qk = q @ k.transpose(-1, -2)  # one batched product (baddbmm loops over the batch on CPU)
     s = torch.add(metric, qk, alpha=c_dot + 2 * c_euc)
