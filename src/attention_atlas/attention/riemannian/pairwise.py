@@ -130,8 +130,9 @@ class _CausalPairwiseMetricTerms(torch.autograd.Function):
     """``base + scale (D[n, i, 0, j] + D[n, j, 1, i])`` (:class:`_PairwiseMetricTerms`) for the
     pairs ``j <= i``, ``-inf`` for ``j > i``, written into ``base (N, L, L)`` in place:
     ``ut (N, L, r, d)``, ``x (N, 2L, d)`` (``[q; k]``); the centres are entries of the products
-    (:func:`_tile_products`), and their gradient goes back through the same entries. Each
-    tile's products are recomputed in the backward, not stored. ``softmax=True`` returns the
+    (:func:`_tile_products`), and their gradient goes back through the same entries. The
+    tiles' products are stored for the backward while they fit the caches (all of them at most
+    ``4 PAIRWISE_CHUNK`` numbers), else recomputed there. ``softmax=True`` returns the
     row-wise softmax instead (``base`` is then scratch): its backward is 0 above the
     diagonal by itself, so no pass masks the gradient."""
 
@@ -140,35 +141,48 @@ class _CausalPairwiseMetricTerms(torch.autograd.Function):
         ctx, base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int, softmax: bool
     ) -> Tensor:  # type: ignore[override]
         n, seq, r, _ = ut.shape
-        for sl, t0, t1 in _causal_tiles(n, seq, r, block):
-            dsq = _tile_products(ut, x, sl, t0, t1)[0].square_().sum(2).mul_(scale)  # (m, b, W)
+        tiles = _causal_tiles(n, seq, r, block)
+        keep = n * r * seq * (seq + block) <= 4 * PAIRWISE_CHUNK  # store the products, or
+        kept = []  # recompute them in the backward (past the caches)
+        for sl, t0, t1 in tiles:
+            g = _tile_products(ut, x, sl, t0, t1)[0]
+            if keep:
+                kept.append(g)
+                dsq = torch.linalg.vecdot(g, g, dim=2).mul_(scale)  # (m, b, W)
+            else:
+                dsq = g.square_().sum(2).mul_(scale)
             nq = seq - t0
             base[sl, t0:t1, :t1] += dsq[..., nq:]  # |U_i^T (q_i - k_j)|^2, i in the block
             base[sl, t0:, t0:t1] += dsq[..., :nq].transpose(1, 2)  # |U_j^T (q_i - k_j)|^2
         base.masked_fill_(_above_diagonal(seq, base.device), float("-inf"))
         ctx.scale, ctx.block, ctx.softmax = scale, block, softmax
+        ctx.kept = len(kept)
         if softmax:
             probs = torch.softmax(base, -1)
-            ctx.save_for_backward(ut, x, probs)
+            ctx.save_for_backward(ut, x, *kept, probs)
             return probs
         ctx.mark_dirty(base)
-        ctx.save_for_backward(ut, x)
+        ctx.save_for_backward(ut, x, *kept)
         return base
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:  # type: ignore[override]
-        ut, x, *probs = ctx.saved_tensors
+        ut, x, *rest = ctx.saved_tensors
+        kept = rest[: ctx.kept]
         n, seq, r, d = ut.shape
         if ctx.softmax:
-            d_base = torch._softmax_backward_data(grad, probs[0], -1, probs[0].dtype)
+            d_base = torch._softmax_backward_data(grad, rest[-1], -1, rest[-1].dtype)
         else:
             d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
         d_ut, d_x = torch.empty_like(ut), torch.zeros_like(x)
-        for sl, t0, t1 in _causal_tiles(n, seq, r, ctx.block):
+        for i, (sl, t0, t1) in enumerate(_causal_tiles(n, seq, r, ctx.block)):
             nq = seq - t0
             dd = torch.cat([d_base[sl, t0:, t0:t1].transpose(1, 2), d_base[sl, t0:t1, :t1]], -1)
-            dd.mul_(2.0 * ctx.scale)
-            dg = _tile_products(ut, x, sl, t0, t1)[0].mul_(dd.unsqueeze(2))  # (m, b, r, W)
+            dd = dd.mul_(2.0 * ctx.scale).unsqueeze(2)
+            if kept:  # dG = 2 scale (G - c) dD
+                dg = kept[i] * dd  # (m, b, r, W)
+            else:
+                dg = _tile_products(ut, x, sl, t0, t1)[0].mul_(dd)
             m, b = dg.shape[:2]
             d_ck, d_cq = -dg[..., :nq].sum(-1), -dg[..., nq:].sum(-1)  # (m, b, r)
             own_k, own_q = _own_columns(dg, nq, t0, b)  # the centres' entries
