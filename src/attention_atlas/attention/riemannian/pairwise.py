@@ -26,6 +26,8 @@ __all__ = ["CAUSAL_BLOCK", "PAIRWISE_CHUNK", "pairwise_metric_terms"]
 PAIRWISE_CHUNK = 1 << 20
 #: ``causal=True``: tokens per block (``b``); each block's products ``(b r, L + b)`` per item
 CAUSAL_BLOCK = 32
+#: ``causal=True``: the numbers of one tile's products (a slice of the batch of one block)
+CAUSAL_TILE = PAIRWISE_CHUNK // 4
 
 
 def _centred_products(ut: Tensor, x: Tensor, c: Tensor) -> Tensor:
@@ -91,12 +93,12 @@ class _PairwiseMetricTerms(torch.autograd.Function):
 
 def _causal_tiles(n: int, seq: int, r: int, block: int) -> list[tuple[slice, int, int]]:
     """``(batch slice, t0, t1)`` tiles of the causal products: token blocks ``[t0, t1)`` of
-    ``block`` tokens, the batch sliced so a tile's products hold about :data:`PAIRWISE_CHUNK`
+    ``block`` tokens, the batch sliced so a tile's products hold about :data:`CAUSAL_TILE`
     numbers at most."""
     tiles = []
     for t0 in range(0, seq, block):
         t1 = min(t0 + block, seq)
-        for sl in _chunks(n, (t1 - t0) * r * (seq - t0 + t1), PAIRWISE_CHUNK // 4):
+        for sl in _chunks(n, (t1 - t0) * r * (seq - t0 + t1), CAUSAL_TILE):
             tiles.append((sl, t0, t1))
     return tiles
 
