@@ -441,13 +441,13 @@ class RiemannianAttention(Attention):
             with phase("torsion"):
                 raw.append(torsion.hidden_output(x))
                 weights.append(torch.sigmoid(gate).to(out.dtype))
-        with phase("transport"):
+        with phase("transport"):  # per token in the order (B, L, H) of x and of the output
             b, h, seq, d = out.shape
             p2, r = 2 * len(raw), nets[0].rank
-            wt = torch.stack([y.transpose(1, 2) for y in raw], 3).to(out.dtype)  # one copy
-            wt = wt.view(b, h, seq, p2, r, d)  # per token L^T, R^T, ... (r-major factors)
-            moved = skew_factors_apply(wt, out, torch.stack(weights))
-        factors = wt.transpose(-1, -2).unbind(-3)  # each (B, H, L, d, r)
+            wt = torch.stack(raw, 3).to(out.dtype).view(b, seq, h, p2, r, d)  # L^T, R^T, ...
+            moved = skew_factors_apply(wt, out.transpose(1, 2), torch.stack(weights))
+            moved = moved.transpose(1, 2)  # (B, H, L, d), heads merged next without a copy
+        factors = [f.transpose(1, 2) for f in wt.transpose(-1, -2).unbind(-3)]  # (B, H, L, d, r)
         names = ["transport_a", "transport_b"] if transport is not None else []
         names += ["torsion_l", "torsion_r"] if torsion is not None else []
         extras.update(zip(names, factors))
