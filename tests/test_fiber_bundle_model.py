@@ -89,16 +89,19 @@ def test_each_phase_changes_the_function_when_switched_off() -> None:
         assert (outs[off] - outs[None]).abs().max() > 1e-6, f"phase {off} had no effect"
 
 
-def _model_logits(model, x, monkeypatch) -> torch.Tensor:
-    """The scores the first block's attention feeds to its softmax during a forward pass."""
+def _model_probs(model, x, monkeypatch) -> torch.Tensor:
+    """The attention probabilities of the first block during a forward pass (the causal
+    softmax the attention computes with its scores, eq. (16))."""
     seen: list[torch.Tensor] = []
-    inner = modules.masked_softmax
+    inner = modules.geodesic_scores_decomposed
 
-    def spy(logits, keep):
-        seen.append(logits)
-        return inner(logits, keep)
+    def spy(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        assert kwargs["causal"] and kwargs["softmax"]
+        seen.append(out)
+        return out
 
-    monkeypatch.setattr(modules, "masked_softmax", spy)
+    monkeypatch.setattr(modules, "geodesic_scores_decomposed", spy)
     model(x)
     monkeypatch.undo()
     return seen[0]
@@ -126,7 +129,7 @@ BLENDS = [(1.0, "distance"), (0.3, "distance"), (0.3, "dot")]
 
 
 @pytest.mark.parametrize(("alpha", "baseline"), BLENDS)
-def test_model_scores_equal_the_definition_for_every_phase_combination(
+def test_model_attention_equals_the_definition_for_every_phase_combination(
     alpha, baseline, monkeypatch
 ) -> None:
     x = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(4))
@@ -137,9 +140,10 @@ def test_model_scores_equal_the_definition_for_every_phase_combination(
         model = cfg.build().double()
         _grow_metric(model)
         assert fbt_attentions(model)[0].method == "decomposed"
-        got = _model_logits(model, x, monkeypatch)
-        ref = _reference_logits(model, x, cfg).detach()
-        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10, msg=f"phases {phases}")
+        got = _model_probs(model, x, monkeypatch)
+        ref = _reference_logits(model, x, cfg).detach()  # the model is causal: j > i masked
+        ref = ref.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(got, ref.softmax(-1), rtol=1e-10, atol=1e-12, msg=f"{phases}")
 
 
 def test_phase_e_adds_the_inverse_metric_times_the_ffn_output() -> None:
@@ -241,3 +245,36 @@ def test_fiber_bundle_transformer_trains_through_the_harness_and_learns_context(
         assert col in h.columns
     # the anti-flatness floor lifted the metric from its near-zero start
     assert h["fiber_bundle/l0/kappa_mean"].iloc[-1] > 0.01
+
+
+@pytest.mark.parametrize("phases", [{}, {"phase_c": False}, {"phase_d": False}])
+def test_transport_and_torsion_in_one_pass_equal_them_one_at_a_time(phases, monkeypatch) -> None:
+    # the fused path (skew_factors_apply) against transport_apply then torsion_apply: the
+    # model's loss, every parameter's gradient and the factors in the extras, in float64
+    x = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for separate in (False, True):
+        torch.manual_seed(0)
+        model = _tiny(**phases).build().double()
+        _grow_metric(model)
+        with torch.no_grad():
+            for m in fbt_attentions(model):
+                if m.torsion_gate is not None:
+                    m.torsion_gate.fill_(0.8)  # a gate far from its initial value
+        if separate:
+            monkeypatch.setattr(modules.RiemannianAttention, "_transport",
+                                modules.RiemannianAttention._transport_separately)  # fmt: skip
+        out = model(x)
+        out.logits.logsumexp(-1).mean().backward()
+        monkeypatch.undo()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        runs.append((out, grads))
+    (fused, g_fused), (sep, g_sep) = runs
+    torch.testing.assert_close(fused.logits, sep.logits, rtol=1e-12, atol=1e-12)
+    assert g_fused.keys() == g_sep.keys() and any("torsion" in n or "transport" in n for n in g_sep)
+    for name in g_sep:
+        torch.testing.assert_close(g_fused[name], g_sep[name], rtol=1e-10, atol=1e-12, msg=name)
+    extras_f, extras_s = fused.attentions[0].extras, sep.attentions[0].extras
+    assert extras_f.keys() == extras_s.keys()
+    for key in extras_s:
+        torch.testing.assert_close(extras_f[key], extras_s[key], rtol=0, atol=0, msg=key)

@@ -100,3 +100,37 @@ def test_preconditioned_update_broadcasts_one_metric_through_the_reference():
     one = U[:1, :1]  # (1, 1, L, d, r) against (2, 3, L, d)
     ref = h + linalg.metric_inverse_apply(one, upd)
     assert rel(R.metric_preconditioned_update(h, one, upd), ref) < TOL
+
+
+def test_metric_aware_projection_custom_backward_passes_gradcheck():
+    q, _, _, U = inputs(shape=(2,), L=3, d=4, r=2, seed=40, grad=True)
+    gamma = torch.tensor(0.7, dtype=DT, requires_grad=True)
+    dense = q + gamma / 2.0 * (U @ U.mT @ q.unsqueeze(-1)).squeeze(-1)  # eq. (20), d = 4
+    assert rel(R.metric_aware_projection(q, U, gamma), dense) < TOL
+    assert torch.autograd.gradcheck(R.metric_aware_projection, (q, U, gamma))
+
+
+def test_transport_and_torsion_in_one_pass_equal_the_dense_operators():
+    g = torch.Generator().manual_seed(41)
+    wt = torch.randn(2, 3, 4, 2, 5, generator=g, dtype=DT)  # per token A^T, B^T, L^T, R^T
+    x = torch.randn(2, 3, 5, generator=g, dtype=DT)
+    w = torch.tensor([1.0, 0.3], dtype=DT)
+    a, b, lt, rt = wt.transpose(-1, -2).unbind(-3)
+    dense = R.transport_dense(a, b) + 0.3 * R.torsion_dense(lt, rt)  # P + gamma_T T
+    expect = (dense @ x.unsqueeze(-1)).squeeze(-1)
+    assert rel(R.skew_factors_apply(wt, x, w), expect) < TOL
+    expect_t = (R.torsion_dense(a, b) @ x.unsqueeze(-1)).squeeze(-1)  # one pair, w = -2
+    assert rel(R.skew_factors_apply(wt[..., :2, :, :], x, -2 * w[:1]), x - 2 * expect_t) < TOL
+    for t in (wt, x, w):
+        t.requires_grad_(True)
+    assert torch.autograd.gradcheck(R.skew_factors_apply, (wt, x, w))
+
+
+def test_metric_aware_projections_of_q_and_k_are_eq20_of_each_and_pass_gradcheck():
+    q, k, _, U = inputs(shape=(2,), L=3, d=4, r=2, seed=42, grad=True)
+    gamma = torch.tensor(0.4, dtype=DT, requires_grad=True)
+    pq, pk = R.metric_aware_projections(U, gamma, q, k)
+    for x, p in ((q, pq), (k, pk)):
+        assert rel(p, x + gamma / 2.0 * (U @ U.mT @ x.unsqueeze(-1)).squeeze(-1)) < TOL
+    assert torch.autograd.gradcheck(lambda U, g, q, k: R.metric_aware_projections(U, g, q, k),
+                                    (U, gamma, q, k))  # fmt: skip

@@ -174,16 +174,105 @@ def test_pairwise_metric_terms_reject_mismatched_shapes():
 
 
 def test_pairwise_metric_terms_in_batch_slices_are_the_same_terms_and_gradients(monkeypatch):
-    from attention_atlas.attention.riemannian import scores
+    from attention_atlas.attention.riemannian import pairwise
 
     q, k, _, U = inputs(shape=(5,), L=4, d=3, r=2, seed=35, grad=True)
     whole = R.pairwise_metric_terms(U, q, k, scale=0.6)
     w = torch.randn_like(whole)
     g_whole = torch.autograd.grad((whole * w).sum(), (U, q, k))
-    monkeypatch.setattr(scores, "PAIRWISE_CHUNK", 4 * 2 * 2 * 4)  # one item per slice
-    assert len(scores._chunks(5, 4 * 2 * 2 * 4)) == 5
+    monkeypatch.setattr(pairwise, "PAIRWISE_CHUNK", 4 * 2 * 2 * 4)  # one item per slice
+    assert len(pairwise._chunks(5, 4 * 2 * 2 * 4)) == 5
     sliced = R.pairwise_metric_terms(U, q, k, scale=0.6)
     assert rel(sliced, whole) < TOL
     for a, b in zip(torch.autograd.grad((sliced * w).sum(), (U, q, k)), g_whole):
         assert rel(a, b) < TOL
     assert torch.autograd.gradcheck(lambda U, q, k: R.pairwise_metric_terms(U, q, k), (U, q, k))
+
+
+CAUSAL_CASES = [  # (batch, L, d, r, block, chunk): one tile; blocks; blocks and batch slices
+    ((2, 3), 13, 5, 2, 32, None),
+    ((2, 3), 13, 5, 2, 4, None),
+    ((5,), 11, 3, 3, 3, 1),
+]
+
+
+@pytest.mark.parametrize("shape, L, d, r, block, chunk", CAUSAL_CASES)
+def test_causal_pairwise_terms_are_the_terms_below_the_diagonal_and_minus_inf_above(
+    monkeypatch, shape, L, d, r, block, chunk
+):
+    from attention_atlas.attention.riemannian import pairwise
+
+    monkeypatch.setattr(pairwise, "CAUSAL_BLOCK", block)
+    if chunk is not None:  # tiles of one batch item
+        monkeypatch.setattr(pairwise, "PAIRWISE_CHUNK", chunk)
+    q, k, _, U = inputs(shape=shape, L=L, d=d, r=r, seed=36)
+    diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # q_i - k_j, the definition's terms
+    ref = (torch.einsum("...idr,...ijd->...ijr", U, diff).pow(2).sum(-1)
+           + torch.einsum("...jdr,...ijd->...ijr", U, diff).pow(2).sum(-1))  # fmt: skip
+    got = R.pairwise_metric_terms(U, q, k, scale=-0.4, causal=True)
+    below = torch.ones(L, L, dtype=torch.bool).tril()
+    assert rel(got[..., below], -0.4 * ref[..., below]) < TOL
+    assert torch.isneginf(got[..., ~below]).all()
+    base = torch.randn(math.prod(shape), L, L, dtype=DT)
+    with_base = R.pairwise_metric_terms(U, q, k, scale=-0.4, causal=True, base=base.clone())
+    assert rel(with_base[..., below], (base.view_as(ref) - 0.4 * ref)[..., below]) < TOL
+
+
+@pytest.mark.parametrize("shape, L, d, r, block, chunk", CAUSAL_CASES)
+def test_causal_pairwise_terms_custom_backward_passes_gradcheck(
+    monkeypatch, shape, L, d, r, block, chunk
+):
+    from attention_atlas.attention.riemannian import pairwise
+
+    monkeypatch.setattr(pairwise, "CAUSAL_BLOCK", block)
+    if chunk is not None:
+        monkeypatch.setattr(pairwise, "PAIRWISE_CHUNK", chunk)
+    q, k, _, U = inputs(shape=shape[:1], L=min(L, 7), d=d, r=r, seed=37, grad=True)
+    seq = q.shape[-2]
+    above = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+    base = torch.randn(q.shape[0], seq, seq, dtype=DT, requires_grad=True)
+
+    def terms(base, U, q, k):  # the base is overwritten in place: give the Function a copy
+        out = R.pairwise_metric_terms(U, q, k, scale=0.3, causal=True, base=base.clone())
+        return out.masked_fill(above, 0.0)
+
+    assert torch.autograd.gradcheck(terms, (base, U, q, k))
+
+
+@pytest.mark.parametrize("alpha, baseline", [(1.0, "distance"), (0.3, "dot"), (0.6, "distance")])
+def test_causal_eq16_attention_equals_eq15_attention_and_its_gradients(alpha, baseline):
+    from attention_atlas.attention.riemannian import pairwise
+
+    q, k, v, U = inputs(seed=38, L=40, d=4, r=2, grad=True)
+    omega = torch.rand(q.shape[:-1], dtype=DT, requires_grad=True)
+    assert q.shape[-2] > pairwise.CAUSAL_BLOCK  # more than one block of tokens
+    below = torch.ones(40, 40, dtype=torch.bool).tril()
+    ref = R.geodesic_scores(q, k, U, 1.7, curvature=omega, alpha=alpha, baseline=baseline)
+    got = R.geodesic_scores_decomposed(q, k, U, 1.7, curvature=omega, alpha=alpha,
+                                       baseline=baseline, causal=True)  # fmt: skip
+    assert rel(got[..., below], ref[..., below]) < TOL and torch.isneginf(got[..., ~below]).all()
+    out_ref = torch.softmax(ref.masked_fill(~below, float("-inf")), -1) @ v
+    fused = R.geodesic_scores_decomposed(q, k, U, 1.7, curvature=omega, alpha=alpha,
+                                         baseline=baseline, causal=True, softmax=True)  # fmt: skip
+    w = torch.randn_like(out_ref)
+    g_ref = torch.autograd.grad((out_ref * w).sum(), (q, k, v, U, omega))
+    for out in (torch.softmax(got, -1) @ v, fused @ v):  # the scores, then the probabilities
+        assert rel(out, out_ref) < TOL
+        for a, b in zip(torch.autograd.grad((out * w).sum(), (q, k, v, U, omega)), g_ref):
+            assert rel(a, b) < TOL
+
+
+def test_causal_eq16_probabilities_pass_gradcheck_and_need_a_causal_mask(monkeypatch):
+    from attention_atlas.attention.riemannian import pairwise
+
+    monkeypatch.setattr(pairwise, "CAUSAL_BLOCK", 3)  # three blocks of tokens
+    q, k, _, U = inputs(shape=(2,), L=7, d=3, r=2, seed=39, grad=True)
+    omega = torch.rand(q.shape[:-1], dtype=DT, requires_grad=True)
+
+    def probs(q, k, U, omega):
+        return R.geodesic_scores_decomposed(q, k, U, 1.3, curvature=omega, alpha=0.6,
+                                            baseline="dot", causal=True, softmax=True)  # fmt: skip
+
+    assert torch.autograd.gradcheck(probs, (q, k, U, omega))
+    with pytest.raises(ValueError, match="softmax=True needs causal=True"):
+        R.geodesic_scores_decomposed(q, k, U, 1.3, softmax=True)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...linalg import capacitance, metric_inverse_apply
+from ...linalg import metric_inverse_apply
 
 __all__ = [
     "cayley_transport_apply",
@@ -29,8 +29,10 @@ __all__ = [
     "factor_t_apply",
     "isometry_defect",
     "metric_aware_projection",
+    "metric_aware_projections",
     "metric_preconditioned_update",
     "metric_strength",
+    "skew_factors_apply",
     "torsion_apply",
     "torsion_dense",
     "transport_apply",
@@ -66,7 +68,54 @@ def metric_aware_projection(q: Tensor, U: Tensor, gamma: Tensor | float) -> Tens
     (The extracted text of eq. (20) reads ``gamma . 1 d``; we take the lost radical as
     ``1 / sqrt(d)``, like the paper's other scalings.) ``gamma`` is the gate, already squashed.
     """
-    return q + gamma / math.sqrt(q.shape[-1]) * factor_apply(U, factor_t_apply(U, q))
+    if U.shape[:-2] != q.shape[:-1] or U.shape[-2] != q.shape[-1]:  # broadcasting
+        scale = gamma / math.sqrt(q.shape[-1])
+        return q + scale * factor_apply(U, factor_t_apply(U, q))
+    return metric_aware_projections(U, gamma, q)[0]
+
+
+def metric_aware_projections(U: Tensor, gamma: Tensor | float, *xs: Tensor) -> tuple[Tensor, ...]:
+    """:func:`metric_aware_projection` of several vectors per token under the same metric (the
+    query and the key), in one pass with a written-out backward (:class:`_MetricProjection`).
+    ``U (..., d, r)``, each ``x (..., d)`` with the same batch dimensions."""
+    d, r = U.shape[-2:]
+    for x in xs:
+        if x.shape != U.shape[:-1]:
+            raise ValueError(
+                f"x must have shape {tuple(U.shape[:-1])} to match U, got {tuple(x.shape)}"
+            )
+    scale = torch.as_tensor(gamma / math.sqrt(d), dtype=U.dtype, device=U.device)
+    ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
+    ys = _MetricProjection.apply(ut, scale, *(x.reshape(-1, d) for x in xs))
+    return tuple(y.view(x.shape) for x, y in zip(xs, ys))
+
+
+class _MetricProjection(torch.autograd.Function):
+    """``y = x + s U (U^T x)`` per token for each ``x (N, d)``, ``ut (N, r, d)`` (``U^T``), ``s
+    ()``, with the backward written out: ``dx = g + s U U^T g``, ``dU^T = s sum_x (c g^T + e
+    x^T)`` and ``ds = sum e.c``, where ``c = U^T x`` and ``e = U^T g``."""
+
+    @staticmethod
+    def forward(ctx, ut: Tensor, s: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:  # type: ignore[override]
+        cs = [torch.bmm(ut, x.unsqueeze(-1)) for x in xs]  # (N, r, 1) each
+        ctx.save_for_backward(ut, s, *xs, *cs)
+        return tuple(x + s * (c * ut).sum(1) for x, c in zip(xs, cs))
+
+    @staticmethod
+    def backward(ctx, *gs: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        ut, s, *rest = ctx.saved_tensors
+        xs, cs = rest[: len(gs)], rest[len(gs) :]
+        dxs: list[Tensor | None] = []
+        dut, ds = torch.zeros_like(ut), s.new_zeros(())
+        for x, c, g in zip(xs, cs, gs):
+            if g is None:
+                dxs.append(None)
+                continue
+            e = torch.bmm(ut, g.unsqueeze(-1))  # (N, r, 1)
+            dxs.append(g + s * (e * ut).sum(1))
+            dut.addcmul_(c, g.unsqueeze(1)).addcmul_(e, x.unsqueeze(1))
+            ds = ds + (e * c).sum()
+        return (dut.mul_(s), ds.reshape(s.shape), *dxs)
 
 
 def torsion_apply(left: Tensor, right: Tensor, x: Tensor) -> Tensor:
@@ -96,6 +145,53 @@ def transport_dense(a: Tensor, b: Tensor, kind: str = "linear") -> Tensor:
 def transport_apply(a: Tensor, b: Tensor, x: Tensor) -> Tensor:
     """``P x = x + Delta x`` with ``Delta = A B^T - B A^T`` (eq. (24)), ``O(d r)``."""
     return x + torsion_apply(a, b, x)
+
+
+class _SkewFactorsApply(torch.autograd.Function):
+    """``y = x + sum_p w_p (L_p R_p^T - R_p L_p^T) x`` per token: ``wt (N, 2P, r, d)`` (the
+    transposed factors ``L_1^T, R_1^T, L_2^T, ...``), ``x (N, d)``, ``w (P,)``. With ``c = W^T x``
+    and ``e = W^T g`` per factor, the backward is written out: ``dx = g - sum_p w_p T_p g``,
+    ``dL^T = w (c_R g^T - e_R x^T)``, ``dR^T = w (e_L x^T - c_L g^T)``, ``dw = sum e_L.c_R -
+    e_R.c_L``."""
+
+    @staticmethod
+    def forward(ctx, wt: Tensor, x: Tensor, w: Tensor) -> Tensor:  # type: ignore[override]
+        n, p2, r, d = wt.shape
+        flat = wt.view(n, p2 * r, d)
+        c = torch.bmm(flat, x.unsqueeze(-1)).view(n, p2 // 2, 2, r)  # L^T x, R^T x
+        cm = torch.stack([c[:, :, 1], -c[:, :, 0]], 2) * w.view(1, -1, 1, 1)
+        ctx.save_for_backward(wt, x, w, c, cm)
+        return x + (cm.view(n, p2 * r, 1) * flat).sum(1)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        wt, x, w, c, cm = ctx.saved_tensors
+        n, p2, r, d = wt.shape
+        flat = wt.view(n, p2 * r, d)
+        e = torch.bmm(flat, g.unsqueeze(-1)).view(n, p2 // 2, 2, r)  # L^T g, R^T g
+        dm = (torch.stack([e[:, :, 1], -e[:, :, 0]], 2) * w.view(1, -1, 1, 1)).view(n, p2 * r, 1)
+        dx = g - (dm * flat).sum(1)
+        dwt = (cm.view(n, p2 * r, 1) * g.unsqueeze(1)).addcmul_(dm, x.unsqueeze(1), value=-1)
+        dw = (e[:, :, 0] * c[:, :, 1] - e[:, :, 1] * c[:, :, 0]).sum((0, 2))
+        return dwt.view(n, p2, r, d), dx, dw
+
+
+def skew_factors_apply(wt: Tensor, x: Tensor, w: Tensor) -> Tensor:
+    """``x + sum_p w_p (L_p R_p^T - R_p L_p^T) x``: the transport ``P x = x + Delta x`` (eq. (24),
+    ``w = 1``) and the torsion ``gamma_T T x`` (eq. (22)) of the same vector in one pass, as
+    :func:`transport_apply` plus ``w`` times :func:`torsion_apply` (the references).
+
+    ``wt (..., 2P, r, d)``: per token the transposed factors ``L_1^T, R_1^T, L_2^T, R_2^T, ...``;
+    ``x (..., d)``; ``w (P,)``. Returns ``(..., d)``; backward written out, ``O(P d r)`` per token.
+    """
+    *batch, p2, r, d = wt.shape
+    if p2 % 2 or w.shape != (p2 // 2,) or list(x.shape) != [*batch, d]:
+        raise ValueError(
+            f"wt must be (..., 2P, r, d), x (..., d) and w (P,), got {tuple(wt.shape)}, "
+            f"{tuple(x.shape)}, {tuple(w.shape)}"
+        )
+    y = _SkewFactorsApply.apply(wt.reshape(-1, p2, r, d).contiguous(), x.reshape(-1, d), w)
+    return y.view(x.shape)
 
 
 def _symplectic(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,30 +238,34 @@ def isometry_defect(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _WoodburyApply(torch.autograd.Function):
-    """``y = (I + U U^T)^{-1} x`` for ``U (N, d, r)``, ``x (N, d)``, with the backward written
-    out: ``dx = g^{-1} dy`` (``g`` is symmetric) and ``dU = -(w (U^T y)^T + y (U^T w)^T)`` with
-    ``w = g^{-1} dy``, both from the forward's Cholesky factor of ``I_r + U^T U``."""
+    """``y = (I + U U^T)^{-1} x`` for ``ut = U^T (N, r, d)``, ``x (N, d)``, with the backward
+    written out: ``dx = g^{-1} dy`` (``g`` is symmetric) and ``dU = -(w (U^T y)^T + y (U^T
+    w)^T)`` with ``w = g^{-1} dy``, both from the forward's inverse of the ``r x r``
+    capacitance ``I + U^T U`` (symmetric, eigenvalues at least 1). Per-token products as batched
+    matrix-vector products on ``U^T`` (contiguous when ``U`` is stored r-major)."""
 
     @staticmethod
-    def forward(ctx, U: Tensor, x: Tensor) -> Tensor:  # type: ignore[override]
-        chol = torch.linalg.cholesky_ex(capacitance(U))[0]  # (N, r, r)
-        y = _woodbury_solve(U, chol, x)
-        ctx.save_for_backward(U, chol, y)
+    def forward(ctx, ut: Tensor, x: Tensor) -> Tensor:  # type: ignore[override]
+        cap = torch.bmm(ut, ut.transpose(1, 2))
+        cap.diagonal(dim1=1, dim2=2).add_(1.0)  # I + U^T U  (N, r, r), eigenvalues >= 1
+        cap_inv = torch.linalg.inv_ex(cap)[0]
+        y = _woodbury_solve(ut, cap_inv, x)
+        ctx.save_for_backward(ut, cap_inv, y)
         return y
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        U, chol, y = ctx.saved_tensors
-        w = _woodbury_solve(U, chol, dy)
-        uty, utw = factor_t_apply(U, y), factor_t_apply(U, w)  # (N, r)
-        dU = -(w.unsqueeze(-1) * uty.unsqueeze(-2) + y.unsqueeze(-1) * utw.unsqueeze(-2))
-        return dU, w
+        ut, cap_inv, y = ctx.saved_tensors
+        w = _woodbury_solve(ut, cap_inv, dy)
+        uty, utw = torch.bmm(ut, y.unsqueeze(-1)), torch.bmm(ut, w.unsqueeze(-1))  # (N, r, 1)
+        d_ut = (uty * w.unsqueeze(1)).addcmul_(utw, y.unsqueeze(1)).neg_()  # (N, r, d)
+        return d_ut, w
 
 
-def _woodbury_solve(U: Tensor, chol: Tensor, x: Tensor) -> Tensor:
-    """``x - U (I + U^T U)^{-1} U^T x`` given the Cholesky factor of ``I + U^T U``."""
-    coef = torch.cholesky_solve(factor_t_apply(U, x).unsqueeze(-1), chol)  # (N, r, 1)
-    return x - factor_apply(U, coef.squeeze(-1))
+def _woodbury_solve(ut: Tensor, cap_inv: Tensor, x: Tensor) -> Tensor:
+    """``x - U (I + U^T U)^{-1} U^T x`` given the inverse of ``I + U^T U``."""
+    coef = torch.bmm(cap_inv, torch.bmm(ut, x.unsqueeze(-1)))  # (N, r, 1)
+    return x - (coef * ut).sum(1)
 
 
 def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor:
@@ -174,10 +274,11 @@ def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor
     ``h, update (..., d)``, ``U (..., d, r)`` with the same batch dimensions (one metric per
     vector). The same maths as :func:`attention_atlas.linalg.metric_inverse_apply` (the
     reference it is tested against), with its backward written out (:class:`_WoodburyApply`):
-    one Cholesky factorisation of ``I_r + U^T U`` per token serves both passes.
+    one inverse of ``I_r + U^T U`` per token serves both passes.
     """
     if U.shape[:-2] != update.shape[:-1] or U.shape[-2] != update.shape[-1]:
         return h + metric_inverse_apply(U, update)  # broadcasting: the reference path
     d, r = U.shape[-2:]
-    flat = _WoodburyApply.apply(U.reshape(-1, d, r), update.reshape(-1, d))
+    ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
+    flat = _WoodburyApply.apply(ut, update.reshape(-1, d))
     return h + flat.view(update.shape)

@@ -32,6 +32,8 @@ from .geometry import (
     cayley_transport_apply,
     curvature_proxy,
     metric_aware_projection,
+    metric_aware_projections,
+    skew_factors_apply,
     torsion_apply,
     transport_apply,
 )
@@ -74,6 +76,8 @@ class _NoiseGradient(torch.autograd.Function):
 class _HeadFactorNet(nn.Module):
     """``Linear(D, D m) -> SiLU -> Linear(D m, n_factors H d r)``, final layer ~ N(0, std^2 / (D m))."""
 
+    row_order: Tensor
+
     def __init__(
         self,
         dim: int,
@@ -93,6 +97,18 @@ class _HeadFactorNet(nn.Module):
         self.fc2 = nn.Linear(hidden, n_factors * n_heads * head_dim * rank)
         nn.init.normal_(self.fc2.weight, std=init_std / math.sqrt(hidden))
         nn.init.zeros_(self.fc2.bias)
+        # fc2's outputs are numbered (factor, head, d, r); read them in the order (head,
+        # factor, r, d), so that each token's r-major (r, d) blocks are contiguous
+        order = torch.arange(n_factors * n_heads * head_dim * rank)
+        order = order.view(n_factors, n_heads, head_dim, rank).permute(1, 0, 3, 2).reshape(-1)
+        self.register_buffer("row_order", order, persistent=False)
+
+    def hidden_output(self, x: Tensor) -> Tensor:
+        """``x (B, L, D)`` -> ``(B, L, H, n_factors r d)``: fc2's outputs per head, each
+        factor transposed (``U^T``, r-major)."""
+        w = self.fc2.weight.index_select(0, self.row_order)
+        y = F.linear(F.silu(self.fc1(x)), w, self.fc2.bias.index_select(0, self.row_order))
+        return y.view(*x.shape[:-1], self.n_heads, -1)
 
     def factors(self, x: Tensor) -> Tensor:
         """``x (B, L, D)`` -> ``(n_factors, B, H, L, d, r)``.
@@ -101,9 +117,9 @@ class _HeadFactorNet(nn.Module):
         contiguous ``(r, d)`` block): one copy here, and then ``U^T x`` products and the
         flattened ``(L r, d)`` matrix of the pairwise scores need none."""
         b, seq, _ = x.shape
-        y = self.fc2(F.silu(self.fc1(x)))
-        y = y.view(b, seq, self.n_factors, self.n_heads, self.head_dim, self.rank)
-        return y.permute(2, 0, 3, 1, 5, 4).contiguous().transpose(-1, -2)
+        f, h, d, r = self.n_factors, self.n_heads, self.head_dim, self.rank
+        y = self.hidden_output(x).view(b, seq, h, f, r, d)
+        return y.permute(3, 0, 2, 1, 4, 5).contiguous().transpose(-1, -2)
 
 
 class MetricNet(_HeadFactorNet):
@@ -205,6 +221,11 @@ class MetricAwareProjection(nn.Module):
 
     def forward(self, q: Tensor, U: Tensor) -> Tensor:
         return metric_aware_projection(q, U, torch.sigmoid(self.gamma_param))
+
+    def pair(self, q: Tensor, k: Tensor, U: Tensor) -> tuple[Tensor, Tensor]:
+        """The projections of ``q`` and ``k`` under the same ``U``, in one pass."""
+        q, k = metric_aware_projections(U, torch.sigmoid(self.gamma_param).to(U.dtype), q, k)
+        return q, k
 
 
 class RiemannianAttention(Attention):
@@ -343,7 +364,7 @@ class RiemannianAttention(Attention):
             U = self.metric_factor(x, q.dtype)  # (B, H, L, d, r), Phase A
         if self.projection is not None:  # Phase A++
             with phase("metric_projection"):
-                q, k = self.projection(q, U), self.projection(k, U)
+                q, k = self.projection.pair(q, k, U)
         omega = None
         if self.curvature is not None:  # Phase B
             with phase("curvature"):
@@ -381,11 +402,17 @@ class RiemannianAttention(Attention):
         fits = q.numel() // q.shape[-1] * seq <= MATERIALISED_ELEMENTS  # B H L L scores
         if method == "auto" and fits and seq * r * 2 * seq <= scores_module.PAIRWISE_CHUNK:
             method = "decomposed"  # (B, H, L, r, 2L) products of eq. (16)
-        if method == "decomposed" or need_weights:
+        if need_weights:  # logits (B, H, L, L), every entry
             scores = geodesic_scores_decomposed if method == "decomposed" else geodesic_scores
             logits = scores(q, k, U, self.tau, curvature=omega, alpha=alpha, baseline=baseline)
-            if need_weights:  # logits (B, H, L, L)
-                return attention_from_logits(logits, v, causal=causal, mask=mask)
+            return attention_from_logits(logits, v, causal=causal, mask=mask)
+        if method == "decomposed":  # under a causal mask, the pairs j <= i only
+            fused = causal and mask is None  # then the causal softmax with the scores, one pass
+            out = geodesic_scores_decomposed(q, k, U, self.tau, curvature=omega, alpha=alpha,
+                                             baseline=baseline, causal=causal, softmax=fused)  # fmt: skip
+            if fused:  # probabilities (B, H, L, L)
+                return AttentionResult(out @ v)
+            logits = out
             keep = combine_masks(
                 q.shape[-2], k.shape[-2], causal=causal, mask=mask, device=q.device
             )
@@ -396,7 +423,38 @@ class RiemannianAttention(Attention):
 
     def _transport(self, x: Tensor, out: Tensor, extras: dict[str, Tensor]) -> Tensor:
         """``P_i out_i`` (Phase D, eq. (24)) plus ``gamma_T T_i out_i`` (Phase C); the factors go
-        to ``extras``. ``x (B, L, D)``, ``out (B, H, L, d)``."""
+        to ``extras``. ``x (B, L, D)``, ``out (B, H, L, d)``. Linear transport and torsion of the
+        same rank go in one pass (:func:`skew_factors_apply`), their factors laid out per token."""
+        moved = out
+        transport = self.transport if self.use_geodesic else None
+        torsion, gate = self.torsion, self.torsion_gate
+        nets = [m for m in (transport, torsion) if m is not None]
+        if (not nets or (transport is not None and transport.kind != "linear")
+                or len({m.rank for m in nets}) > 1):  # fmt: skip
+            return self._transport_separately(x, out, extras)
+        raw, weights = [], []
+        if transport is not None:
+            with phase("transport"):
+                raw.append(transport.hidden_output(x))
+                weights.append(out.new_ones(()))
+        if torsion is not None and gate is not None:
+            with phase("torsion"):
+                raw.append(torsion.hidden_output(x))
+                weights.append(torch.sigmoid(gate).to(out.dtype))
+        with phase("transport"):  # per token in the order (B, L, H) of x and of the output
+            b, h, seq, d = out.shape
+            p2, r = 2 * len(raw), nets[0].rank
+            wt = torch.stack(raw, 3).to(out.dtype).view(b, seq, h, p2, r, d)  # L^T, R^T, ...
+            moved = skew_factors_apply(wt, out.transpose(1, 2), torch.stack(weights))
+            moved = moved.transpose(1, 2)  # (B, H, L, d), heads merged next without a copy
+        factors = [f.transpose(1, 2) for f in wt.transpose(-1, -2).unbind(-3)]  # (B, H, L, d, r)
+        names = ["transport_a", "transport_b"] if transport is not None else []
+        names += ["torsion_l", "torsion_r"] if torsion is not None else []
+        extras.update(zip(names, factors))
+        return moved
+
+    def _transport_separately(self, x: Tensor, out: Tensor, extras: dict[str, Tensor]) -> Tensor:
+        """:meth:`_transport` one phase at a time (Cayley transport, ranks that differ)."""
         moved = out
         if self.transport is not None and self.use_geodesic:
             with phase("transport"):

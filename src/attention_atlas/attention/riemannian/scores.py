@@ -36,9 +36,10 @@ import torch
 from torch import Tensor
 
 from ...linalg import sym_pack_indices
-from .geometry import factor_t_apply
+from .pairwise import PAIRWISE_CHUNK, pairwise_metric_terms
 
 __all__ = [
+    "PAIRWISE_CHUNK",
     "Baseline",
     "BlendWeights",
     "augmented_dim",
@@ -262,6 +263,8 @@ def geodesic_scores_decomposed(
     curvature: Tensor | None = None,
     alpha: float = 1.0,
     baseline: Baseline = "distance",
+    causal: bool = False,
+    softmax: bool = False,
 ) -> Tensor:
     """Geodesic scores by the decomposition of eq. (16).
 
@@ -271,101 +274,33 @@ def geodesic_scores_decomposed(
     (:func:`pairwise_metric_terms`, ``(..., L, r, 2L)`` memory, ``O(d r)`` work per pair), and
     ``|q_i - k_j|^2`` and the dot baseline from one ``(L, d) x (d, L)`` product with the norms
     as row and column terms: ``(2r + 1) d`` multiply-adds per pair. Curvature and blending as
-    in :func:`geodesic_scores`. Returns ``(..., L, L)``.
+    in :func:`geodesic_scores`. Returns ``(..., L, L)``; with ``causal=True`` the scores under a
+    causal mask: ``-inf`` for ``j > i``, the pairwise products formed for ``j <= i`` only (about
+    half of them); ``softmax=True`` (with ``causal``) returns their row-wise softmax, the
+    attention probabilities (one pass less, forward and backward).
     """
     check_metric_inputs(q, k, U, tau)
     check_curvature(curvature, q)
     c_dot, c_euc, c_met = blend_coefficients(q.shape[-1], tau, alpha, baseline)
-    metric = pairwise_metric_terms(U, q, k, scale=-0.5 * c_met)  # (..., Li, Lj)
     row = -c_euc * (q * q).sum(-1)  # the |q_i|^2 and |k_j|^2 of |q_i - k_j|^2 (and Omega)
     col = -c_euc * (k * k).sum(-1)
     if curvature is not None:  # eq. (23): Omega_i + Omega_j added to the distance
         row, col = row - c_met * curvature, col - c_met * curvature
+    if causal:  # q.k, row and column terms as one product [c q, row, 1] . [k, 1, col]
+        ones = torch.ones_like(row).unsqueeze(-1)
+        qa = torch.cat([(c_dot + 2 * c_euc) * q, row.unsqueeze(-1), ones], -1)
+        ka = torch.cat([k, ones, col.unsqueeze(-1)], -1)
+        seq, width = q.shape[-2], q.shape[-1] + 2
+        base = torch.bmm(qa.reshape(-1, seq, width), ka.reshape(-1, seq, width).transpose(1, 2))
+        return pairwise_metric_terms(
+            U, q, k, scale=-0.5 * c_met, causal=True, base=base, softmax=softmax
+        )
+    if softmax:
+        raise ValueError("softmax=True needs causal=True")
+    metric = pairwise_metric_terms(U, q, k, scale=-0.5 * c_met)  # (..., Li, Lj)
     qk = q @ k.transpose(-1, -2)  # one batched product (baddbmm loops over the batch on CPU)
     s = torch.add(metric, qk, alpha=c_dot + 2 * c_euc)
     return s + (row.unsqueeze(-1) + col.unsqueeze(-2))
-
-
-#: the pairwise products ``G`` of eq. (16) are formed this many numbers at a time (a slice of
-#: the batch), and recomputed in the backward, once they would hold more than four times this
-#: (past the caches, memory traffic costs more than the products' recomputation)
-PAIRWISE_CHUNK = 1 << 20
-
-
-def _centred_products(ut: Tensor, x: Tensor, c: Tensor) -> Tensor:
-    """``G - c``: ``(N, L, r, nb, M)`` from ``ut (N, L, r, d)``, ``x (N, nb, M, d)``, ``c (N, L,
-    r, nb)``; one product ``(L r, d) x (d, nb M)`` per batch item."""
-    n, seq, r, d = ut.shape
-    nb, m = x.shape[1], x.shape[2]
-    g = torch.bmm(ut.reshape(n, seq * r, d), x.reshape(n, nb * m, d).transpose(1, 2))
-    return g.view(n, seq, r, nb, m).sub_(c.unsqueeze(-1))
-
-
-def _chunks(n: int, per_item: int) -> list[slice]:
-    """Slices of the batch: all of it while small, else about :data:`PAIRWISE_CHUNK` numbers each."""
-    if n * per_item <= 4 * PAIRWISE_CHUNK:
-        return [slice(0, n)]
-    step = max(1, PAIRWISE_CHUNK // per_item)
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
-
-
-class _PairwiseMetricTerms(torch.autograd.Function):
-    """``scale (D[n, i, 0, j] + D[n, j, 1, i])`` with ``D[n, t, b, s] = |c[n, t, :, b] - G[n, t,
-    :, b, s]|^2``, ``G = U_t^T x_{b, s}``: ``ut (N, L, r, d)``, ``x (N, 2, L, d)``, ``c (N, L, r,
-    2)`` -> ``(N, L, L)``. The backward (``dG = 2 (G - c) dD``, then two products) is written
-    out. Large batches go in slices (:func:`_chunks`), their ``G`` recomputed in the backward
-    rather than stored, so the ``(L, r, 2L)`` products stay in cache."""
-
-    @staticmethod
-    def forward(ctx, ut: Tensor, x: Tensor, c: Tensor, scale: float) -> Tensor:  # type: ignore[override]
-        n, seq, r, _ = ut.shape
-        parts = _chunks(n, seq * r * 2 * seq)
-        out = ut.new_empty(n, seq, seq)
-        kept = []
-        for sl in parts:
-            g = _centred_products(ut[sl], x[sl], c[sl])
-            d = (g.square() if len(parts) == 1 else g.square_()).sum(2)  # (n, L, 2, L)
-            torch.add(d[:, :, 0], d[:, :, 1].transpose(1, 2), out=out[sl]).mul_(scale)
-            if len(parts) == 1:
-                kept.append(g)
-        ctx.scale = scale
-        ctx.save_for_backward(ut, x, c, *kept)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:  # type: ignore[override]
-        ut, x, c, *stored = ctx.saved_tensors
-        n, seq, r, d = ut.shape
-        d_ut, d_x, d_c = torch.empty_like(ut), torch.empty_like(x), torch.empty_like(c)
-        for sl in [slice(0, n)] if stored else _chunks(n, seq * r * 2 * seq):
-            g = stored[0] if stored else _centred_products(ut[sl], x[sl], c[sl])
-            gs = (2.0 * ctx.scale) * grad[sl]
-            dd = torch.stack([gs, gs.transpose(1, 2)], 2).unsqueeze(2)  # (n, L, 1, 2, L)
-            dg = g * dd if stored else g.mul_(dd)  # dG = 2 scale (G - c) dD
-            k = dg.shape[0]
-            flat = dg.view(k, seq * r, 2 * seq)
-            d_ut[sl] = torch.bmm(flat, x[sl].reshape(k, 2 * seq, d)).view(k, seq, r, d)
-            d_x[sl] = torch.bmm(flat.transpose(1, 2), ut[sl].reshape(k, seq * r, d)).view(
-                k, 2, seq, d
-            )
-            d_c[sl] = -dg.sum(-1)
-        return d_ut, d_x, d_c, None
-
-
-def pairwise_metric_terms(U: Tensor, q: Tensor, k: Tensor, *, scale: float = 1.0) -> Tensor:
-    """``scale (|U_i^T (q_i - k_j)|^2 + |U_j^T (q_i - k_j)|^2)``: the metric terms of eq. (16).
-
-    ``U (..., L, d, r)``, ``q, k (..., L, d)`` -> ``(..., L, L)``. ``U_i^T q_i`` and ``U_j^T k_j``
-    are per token; ``U_t^T k_s`` and ``U_t^T q_s`` for every pair come from one product ``(L r,
-    d) x (d, 2L)`` per batch item (``O(d r)`` per pair), with a written-out backward.
-    """
-    check_metric_inputs(q, k, U, 1.0)
-    *batch, seq, d, r = U.shape
-    uq, uk = factor_t_apply(U, q), factor_t_apply(U, k)  # the centres U_i^T q_i, U_j^T k_j
-    ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
-    x = torch.stack([k, q], -3).reshape(-1, 2, seq, d)
-    c = torch.stack([uq, uk], -1).reshape(-1, seq, r, 2)
-    return _PairwiseMetricTerms.apply(ut, x, c, float(scale)).view(*batch, seq, seq)
 
 
 # ----------------------------------------------------------------------------------------
