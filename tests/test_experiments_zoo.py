@@ -167,6 +167,15 @@ def test_each_anchor_fails_when_its_condition_fails():
     shaky = {**GOOD, ("ssm", 128, 2): [1.0, 1.0, 0.4]}
     a = za.anchors(_frame(shaky))
     assert "ssm" in a["learners"] and not a["chance_ok"]
+    # "beats chance" (1/2 here) is one-sided: every seed above it passes at the one-sided 95%
+    # bound (0.617) though the two-sided 95% interval reaches down to 0.493
+    spread = {**GOOD, ("ssm", 128, 2): [0.7, 0.97, 0.97]}
+    a = za.anchors(_frame(spread))
+    bound = a["chance_bounds"]["ssm"]
+    sd = np.std([0.7, 0.97, 0.97], ddof=1)
+    assert bound.level == za.ANCHOR_LEVEL and a["chance_ok"]
+    assert abs(bound.low - (0.88 - 2.919986 * sd / 3**0.5)) < 1e-6
+    assert za.mean_interval([0.7, 0.97, 0.97]).low < 0.5  # the two-sided 95% one would fail
 
 
 def _grid(df: pd.DataFrame) -> SimpleNamespace:
