@@ -12,6 +12,15 @@
    (:func:`attention_atlas.experiments.cofactor_timing.step_overhead`). Target: the regulariser
    at most 5% of a step (its share of the FLOPs is below 1.2% at every shape).
 
+3. ``--decompose``: where the regulariser's share of a step goes, at the same shapes. Every arm
+   steps ONE run (one model, optimiser and sampler; only the regulariser differs from call to
+   call), so the differences between separately built runs (about 2% of a step on this machine,
+   either way) do not enter: ``zero`` (a constant regulariser: the harness's own cost), ``qk``
+   (the chosen heads' queries and keys from the forward, a zero-weighted sum, so the backward
+   runs through their slices and accumulates into the layers' gradients), ``probs`` (their
+   probabilities, :func:`~attention_atlas.cofactor.heads.head_probs`) and ``cofactor`` (the
+   whole term), each against ``off`` (no regulariser).
+
 Ratios are medians of per-round ratios from :func:`attention_atlas.bench.compare`, with the
 CPU-time ratios (``time.thread_time``, unaffected by time-sharing) beside them.
 
@@ -19,6 +28,7 @@ Run (one to two minutes per part on 2 shared CPU cores, one thread)::
 
     python benchmarks/bench_cofactor.py --out artifacts/bench/cofactor.json
     python benchmarks/bench_cofactor.py --step --presets book long --out artifacts/bench/cofactor_step.json
+    python benchmarks/bench_cofactor.py --decompose --presets book --reps 25 --out artifacts/bench/cofactor_parts.json
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from typing import Any
 
 import torch
 
+from attention_atlas.bench import compare
 from attention_atlas.experiments import cofactor as experiment
 from attention_atlas.experiments.cofactor_numerics import lu_vs_minors
 from attention_atlas.experiments.cofactor_timing import step_overhead
@@ -83,6 +94,83 @@ def bench_step(presets: list[str], reps: int) -> dict[str, Any]:
     return out
 
 
+def _shared_steps(params: dict[str, Any], arms: dict[str, str | None]) -> dict[str, Any]:
+    """One call = one optimiser step of ONE harness run of ``params`` (a configuration of
+    :func:`~attention_atlas.experiments.cofactor.chapter_grid`), with regulariser ``arms[name]``
+    (a registered name, None for none) and the chapter's options."""
+    from dataclasses import replace
+
+    from attention_atlas.models import ModelConfig
+    from attention_atlas.train import TrainConfig
+    from attention_atlas.train.loop import _build, _Clock, _optimiser_step
+
+    reg = params["regularizer"]
+    tcfg = TrainConfig(**params["train"], seed=0, progress=False, measure_flops=False,
+                       effective_rank=False, regularizers=[reg])  # fmt: skip
+    data = experiment.load_task(params["task"], params["lm_level"])
+    run = _build(ModelConfig(**params["model"]), tcfg, data, torch.device("cpu"), [])
+    clock = _Clock(run.progress.timing)
+
+    def step_of(name: str | None) -> Any:
+        cfg = replace(tcfg, regularizers=[{**reg, "name": name}] if name else [])
+
+        def step() -> torch.Tensor:
+            run.cfg = cfg
+            with torch.enable_grad():
+                _optimiser_step(run, run.model, False, clock)
+            return torch.zeros(())
+
+        return step
+
+    return {arm: step_of(name) for arm, name in arms.items()}
+
+
+def _register_parts() -> dict[str, str | None]:
+    """The arms of part 3, their regularisers registered under ``bench_cofactor_*``."""
+    from attention_atlas.attention.registry import available_regularizers, register_regularizer
+    from attention_atlas.cofactor.heads import _forward_qk, head_probs
+
+    def zero(model: Any, output: Any, batch: Any, **kw: Any) -> torch.Tensor:
+        return torch.zeros((), dtype=torch.float64)
+
+    def qk(model: Any, output: Any, batch: Any, **kw: Any) -> torch.Tensor:
+        layers, heads = list(range(len(model.blocks))), list(range(kw.get("heads", 1)))
+        got = _forward_qk(output, layers, heads, None)
+        assert got is not None, "part 3 needs a forward that returned its queries and keys"
+        return (got[0].sum() + got[1].sum()) * 0.0
+
+    def probs(model: Any, output: Any, batch: Any, **kw: Any) -> torch.Tensor:
+        return head_probs(model, output, heads=kw.get("heads", 1)).sum() * 0.0
+
+    for name, fn in (("zero", zero), ("qk", qk), ("probs", probs)):
+        if f"bench_cofactor_{name}" not in available_regularizers():
+            register_regularizer(f"bench_cofactor_{name}", needs_weights=False)(fn)
+    return {"off": None, "zero": "bench_cofactor_zero", "qk": "bench_cofactor_qk",
+            "probs": "bench_cofactor_probs", "cofactor": "cofactor"}  # fmt: skip
+
+
+def bench_parts(presets: list[str], reps: int) -> dict[str, Any]:
+    arms = _register_parts()
+    out: dict[str, Any] = {}
+    for preset in presets:
+        grid = experiment.chapter_grid(**experiment.PRESETS[preset])
+        for task in ("digits", "lm"):
+            with torch.random.fork_rng(devices=[]):
+                fns = _shared_steps(grid[f"{task}_cofactor"], arms)
+            res = compare(fns, "off", (), backward=False, warmup=2, reps=reps, min_sample_s=0.1,
+                          memory=False, clock="cpu")  # fmt: skip
+            r = res["results"]
+            share = {a: [r[a]["forward"][f"ratio_{q}"] - 1 for q in ("median", "q25", "q75")]
+                     for a in arms if a != "off"}  # fmt: skip
+            out[f"{preset}/{task}"] = {"share_cpu": share, "compare": res}
+            print(f"{preset:5s} {task:6s}: step without the regulariser "
+                  f"{1e3 * r['off']['forward']['median_s']:.1f} ms; share of it (CPU time, median "
+                  "[q25, q75]): " + "  ".join(f"{a} {100 * v[0]:+.1f}% [{100 * v[1]:+.1f}, "
+                                              f"{100 * v[2]:+.1f}]" for a, v in share.items()),
+                  flush=True)  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="*", default=[64, 128])
@@ -90,6 +178,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--step", action="store_true", help="time training steps (part 2) instead")
+    ap.add_argument("--decompose", action="store_true", help="the step's parts (part 3) instead")
     ap.add_argument("--presets", nargs="*", default=["book", "long"])
     ap.add_argument("--out", type=Path, default=Path("artifacts/bench/cofactor.json"))
     args = ap.parse_args()
@@ -98,6 +187,8 @@ def main() -> None:
     payload: dict[str, Any] = {"threads": args.threads}
     if args.step:
         payload["step"] = bench_step(args.presets, args.reps)
+    elif args.decompose:
+        payload["parts"] = bench_parts(args.presets, args.reps)
     else:
         payload.update(bench_minors(args.sizes, args.batch, args.reps))
     args.out.parent.mkdir(parents=True, exist_ok=True)
