@@ -4,6 +4,7 @@ verdicts on frames whose answer is known, and a small dot model that learns MQAR
 
 from __future__ import annotations
 
+import json
 import warnings
 from types import SimpleNamespace
 
@@ -285,3 +286,30 @@ def test_the_ablation_table_sets_the_protocol_beside_each_change():
         "test accuracy"
     ].startswith("0.200 [")
     assert za.ablation_table(pd.DataFrame(rows[-3:])).empty
+
+
+def test_long_anchors_need_every_dot_and_ssm_cell_of_the_long_protocol(monkeypatch, tmp_path):
+    import shutil
+
+    from attention_atlas import results
+
+    stored = results.results_root() / "zoo" / "long"
+    configs = {k for k, v in zoo.chapter_grid(**zoo.PRESETS["long"]).items()
+               if k.startswith("mqar/") and v["variant"] in ("dot", "ssm")}  # fmt: skip
+    mine = tmp_path / "zoo" / "long"
+    (mine / "cells").mkdir(parents=True)
+    monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
+    assert za.long_anchors() is None  # nothing stored
+    shutil.copy(stored / "grid.json", mine / "grid.json")
+    cells = [p for p in (stored / "cells").glob("*.json")
+             if json.loads(p.read_text())["config"] in configs]  # fmt: skip
+    assert len(cells) == 3 * len(configs)  # the stored long grid has them all, three seeds each
+    for p in cells[1:]:
+        shutil.copy(p, mine / "cells" / p.name)
+    assert za.long_anchors() is None  # one cell missing
+    shutil.copy(cells[0], mine / "cells" / cells[0].name)
+    anchor, grid = za.long_anchors()
+    assert len(grid.records) == len(cells)
+    expect = za.anchors(za.mqar_frame(grid.frame))
+    assert anchor["ssm_fall"]["difference"] == expect["ssm_fall"]["difference"]
+    assert anchor["easiest"] == "w64-p4" and anchor["ssm_fall"]["pairs"] == (4, 32)

@@ -16,10 +16,13 @@ import plotly.graph_objects as go
 from .. import viz
 from ..stats import Interval, mean_interval, paired_difference, verdict
 from .zoo import CONTROL, PRESETS, SESOI, VARIANTS
+from .zoo_anchors import ANCHOR_ACC, ANCHOR_LEVEL, anchor_text, anchors, long_anchors
 
 __all__ = [
     "ANCHOR_ACC",
     "ANCHOR_LEVEL",
+    "anchor_text",
+    "long_anchors",
     "ablation_table",
     "CLAIMS",
     "accuracy_figure",
@@ -41,12 +44,6 @@ __all__ = [
     "zoo_grid",
 ]
 
-#: the accuracy dot attention must reach on the easiest setting the book runs (else the set-up
-#: is broken)
-ANCHOR_ACC = 0.99
-#: the anchors "falls" and "beats chance" are one-sided, so each is read off a one-sided 95%
-#: bound: the low end of the two-sided interval at this level
-ANCHOR_LEVEL = 0.90
 
 #: claims register key -> (arm, metric, direction, rule); ``direction`` is what the seed
 #: predicts for ``arm - dot`` (+1 higher, -1 lower, 0 no difference beyond the SESOI)
@@ -237,54 +234,6 @@ def ptb_table(frame: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------
 # the anchors
 # ----------------------------------------------------------------------------------------
-
-
-def anchors(df: pd.DataFrame) -> dict[str, Any]:
-    """The chapter's sanity anchors, computed (the chapter asserts them):
-
-    * ``easiest``: the easiest cell run (fewest pairs, then the widest), dot's test accuracy
-      there (``dot_easiest``, an :class:`Interval`) and whether its mean is at least
-      :data:`ANCHOR_ACC` (``dot_ok``);
-    * ``ssm_fall``: the SSM's test accuracy at the centre's width (fixed state) at the fewest
-      and the most pairs, their paired difference and whether it falls (``ssm_ok``: the
-      one-sided 95% lower bound of fewest minus most, at :data:`ANCHOR_LEVEL`, is above zero); ``ssm_learns``: whether
-      the SSM learns where the fall starts (mean at the fewest pairs at least halfway from that
-      cell's chance to perfect). A fall from a cell the SSM has not learned is a drift with the
-      chance level ``1/N``, not a loss of recall, so the anchor asks ``ssm_ok`` of an SSM that
-      learns;
-    * ``learners``: variants said to learn (mean test accuracy at the easiest cell at least
-      halfway from chance to perfect) and, for each, whether its one-sided 95% lower bound is
-      above chance there (``chance_ok``; the bounds in ``chance_bounds``).
-    """
-    p_min = int(df.pairs.min())
-    w_max = int(df[df.pairs == p_min].width.max())
-    easy = df[(df.pairs == p_min) & (df.width == w_max)]
-    chance = 1.0 / p_min
-    dot = mean_interval(easy[easy.variant == CONTROL]["test_acc"])
-    w0 = _centre(df, "width")
-    ssm = df[(df.variant == "ssm") & (df.width == w0)]
-    out: dict[str, Any] = {"easiest": cell_name(w_max, p_min), "chance": chance,
-                           "dot_easiest": dot, "dot_ok": dot.mean >= ANCHOR_ACC}  # fmt: skip
-    if len(ssm) and ssm.pairs.nunique() > 1:
-        lo, hi = int(ssm.pairs.min()), int(ssm.pairs.max())
-        a = ssm[ssm.pairs == lo].set_index("seed")["test_acc"]
-        b = ssm[ssm.pairs == hi].set_index("seed")["test_acc"]
-        fall = paired_difference(a, b, level=ANCHOR_LEVEL)
-        out["ssm_fall"] = {"width": w0, "pairs": (lo, hi), "few": mean_interval(a),
-                           "many": mean_interval(b), "difference": fall,
-                           "state": int(ssm.state_size.iloc[0])}  # fmt: skip
-        out["ssm_ok"] = bool(fall.low > 0)
-        out["ssm_learns"] = bool(a.mean() >= (1 + 1 / lo) / 2)
-    learners = {}
-    for v, g in easy.groupby("variant", sort=False):
-        iv = mean_interval(g["test_acc"])
-        if iv.mean >= (1 + chance) / 2:
-            learners[v] = iv
-    out["learners"] = learners
-    bounds = {v: mean_interval(easy[easy.variant == v]["test_acc"], ANCHOR_LEVEL) for v in learners}
-    out["chance_bounds"] = bounds
-    out["chance_ok"] = all(iv.low > chance for iv in bounds.values())
-    return out
 
 
 # ----------------------------------------------------------------------------------------
