@@ -358,6 +358,11 @@ def protocol_text(grid: Any, long: Mapping[str, Any]) -> str:
         f"(so each training sequence is seen {tr['steps'] * tr['batch_size'] / t['n_train']:.2f} "
         f"times on average); learning rates {sel['lrs']} chosen on seed {sel['seed']}.",
     ]
+    ssm = next((r["model"].get("attention_options") for r in recs if r["variant"] == "ssm"), None)
+    lines.append(
+        f"Token shift (`W h_(t-1)` added to each embedding): {'on' if m.get('token_shift') else 'off'}"
+        + (f"; the SSM arm's options: {ssm}." if ssm else ".")
+    )
     if cof:
         lines.append(f"The cofactor arm adds weight {cof['weight']:g} times the seed's penalty "
                      f"(beta {cof['beta']:g}) on the first {cof['heads']} head(s) of each layer.")  # fmt: skip
