@@ -16,7 +16,15 @@ import plotly.graph_objects as go
 from .. import viz
 from ..stats import Interval, mean_interval, paired_difference, verdict
 from .zoo import CONTROL, PRESETS, SESOI, VARIANTS
-from .zoo_anchors import ANCHOR_ACC, ANCHOR_LEVEL, anchor_text, anchors, long_anchors
+from .zoo_anchors import (
+    ANCHOR_ACC,
+    ANCHOR_LEVEL,
+    anchor_text,
+    anchors,
+    cell_name,
+    centre,
+    long_anchors,
+)
 
 __all__ = [
     "ANCHOR_ACC",
@@ -72,10 +80,6 @@ def zoo_grid(params: Mapping[str, Any] | None = None, *, smoke: bool = False, **
     preset = "smoke" if smoke else "book"
     full = {**PRESETS[preset], **(params or {})}
     return stored_or_run("zoo", params=full, preset=preset, use_stored=not smoke, **kw)
-
-
-def cell_name(width: int, pairs: int) -> str:
-    return f"w{int(width)}-p{int(pairs)}"
 
 
 def interval_text(values: Any, digits: int = 3) -> str:
@@ -143,7 +147,7 @@ def accuracy_figure(df: pd.DataFrame, along: str) -> go.Figure:
             key = "params_total"
         else:
             fixed = "pairs" if along == "width" else "width"
-            sub = g[g[fixed] == _centre(df, fixed)]
+            sub = g[g[fixed] == centre(df, fixed)]
             key = along
         groups = {str(x): s["test_acc"].to_numpy() for x, s in sub.groupby(key)}
         xs = [float(x) for x in groups]
@@ -158,11 +162,6 @@ def accuracy_figure(df: pd.DataFrame, along: str) -> go.Figure:
     if along != "width":
         fig.update_xaxes(type="log")
     return fig
-
-
-def _centre(df: pd.DataFrame, column: str) -> int:
-    """The centre's ``width`` or ``pairs`` (where the two arms of the cross meet)."""
-    return int(df[f"centre_{column}"].iloc[0])
 
 
 def learning_curves(records: Mapping[tuple[str, int], Mapping[str, Any]], variant: str,

@@ -14,7 +14,15 @@ import pandas as pd
 from ..stats import mean_interval, paired_difference
 from .zoo import CONTROL
 
-__all__ = ["ANCHOR_ACC", "ANCHOR_LEVEL", "anchor_text", "anchors", "long_anchors"]
+__all__ = [
+    "ANCHOR_ACC",
+    "ANCHOR_LEVEL",
+    "anchor_text",
+    "anchors",
+    "cell_name",
+    "centre",
+    "long_anchors",
+]
 
 #: the accuracy dot attention must reach on the easiest setting the book runs (else the set-up
 #: is broken)
@@ -24,12 +32,13 @@ ANCHOR_ACC = 0.99
 ANCHOR_LEVEL = 0.90
 
 
-def _centre(df: pd.DataFrame, column: str) -> int:
+def centre(df: pd.DataFrame, column: str) -> int:
     """The centre's ``width`` or ``pairs`` (where the two arms of the cross meet)."""
     return int(df[f"centre_{column}"].iloc[0])
 
 
-def _cell(width: int, pairs: int) -> str:
+def cell_name(width: int, pairs: int) -> str:
+    """A cell's name in the grid and tables: ``w<width>-p<pairs>``."""
     return f"w{int(width)}-p{int(pairs)}"
 
 
@@ -55,9 +64,9 @@ def anchors(df: pd.DataFrame) -> dict[str, Any]:
     easy = df[(df.pairs == p_min) & (df.width == w_max)]
     chance = 1.0 / p_min
     dot = mean_interval(easy[easy.variant == CONTROL]["test_acc"])
-    w0 = _centre(df, "width")
+    w0 = centre(df, "width")
     ssm = df[(df.variant == "ssm") & (df.width == w0)]
-    out: dict[str, Any] = {"easiest": _cell(w_max, p_min), "chance": chance,
+    out: dict[str, Any] = {"easiest": cell_name(w_max, p_min), "chance": chance,
                            "dot_easiest": dot, "dot_ok": dot.mean >= ANCHOR_ACC}  # fmt: skip
     if len(ssm) and ssm.pairs.nunique() > 1:
         lo, hi = int(ssm.pairs.min()), int(ssm.pairs.max())
