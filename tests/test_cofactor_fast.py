@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attention_atlas.cofactor import cofactor_penalty, head_probs, softmax_matrices
-from attention_atlas.cofactor.penalty import CausalRowSums, FastPenalty, regularizer
+from attention_atlas.cofactor.penalty import CausalHeadPenalty, FastPenalty, regularizer
 
 F64 = torch.float64
 
@@ -81,20 +81,76 @@ def test_causal_closed_form_of_a_saturated_token_has_the_exact_gradient():
     assert torch.isfinite(g).all()
 
 
-def test_causal_row_sums_are_those_of_the_masked_softmax_with_its_gradient():
-    """One node for mask, softmax and strict-lower row sums: the same sums and the same
-    gradient as autograd through the three (float64), and gradcheck."""
-    z = torch.randn(3, 2, 6, 6, dtype=F64, generator=torch.Generator().manual_seed(5))
-    z.requires_grad_(True)
-    w = torch.randn(3, 2, 6, dtype=F64)
-    mask = torch.ones(6, 6, dtype=torch.bool).triu(1)
-    ref = torch.softmax(z.masked_fill(mask, float("-inf")), -1).tril(-1).sum(-1)
-    got = CausalRowSums.apply(z)
-    torch.testing.assert_close(got, ref, rtol=1e-15, atol=1e-15)
-    (g_ref,) = torch.autograd.grad((ref * w).sum(), z)
-    (g_got,) = torch.autograd.grad((got * w).sum(), z)
-    torch.testing.assert_close(g_got, g_ref, rtol=1e-12, atol=1e-14)
-    assert torch.autograd.gradcheck(CausalRowSums.apply, (z,))
+def _explicit_causal_penalty(q, k, scale, beta, eps, method="minors"):
+    """The reference: logits, causal mask and softmax written out, then the penalty by the
+    minors (or another ``method`` of :func:`cofactor_penalty`)."""
+    n = q.shape[-2]
+    z = (q @ k.transpose(-2, -1)) * scale
+    z = z.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return cofactor_penalty(torch.softmax(z, -1), beta=beta, eps=eps, method=method, reduce="none")
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+@pytest.mark.parametrize("n", [1, 2, 7, 12])
+def test_causal_head_penalty_equals_the_minors_of_the_explicit_softmax(beta, n):
+    """One node from queries and keys (product, mask, softmax, row sums, closed form, and its
+    written-out backward) against the minors of the explicit probabilities: value and the
+    gradients in q and k (float64), and gradcheck."""
+    g = torch.Generator().manual_seed(10 + n)
+    q = torch.randn(5, n, 4, dtype=F64, generator=g).requires_grad_(True)
+    k = torch.randn(5, n, 4, dtype=F64, generator=g).requires_grad_(True)
+    got = CausalHeadPenalty.apply(q, k, 0.7, beta, 1e-8)
+    ref = _explicit_causal_penalty(q, k, 0.7, beta, 1e-8)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    w = torch.randn(5, dtype=F64, generator=g)  # a gradient that differs per head
+    for a, b in zip(torch.autograd.grad((got * w).sum(), (q, k)),
+                    torch.autograd.grad((ref * w).sum(), (q, k))):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda a, b: CausalHeadPenalty.apply(a, b, 0.7, beta, 1e-3), (q, k)
+    )
+
+
+def test_causal_head_penalty_of_a_saturated_token_takes_the_exclusive_products():
+    """Token 2 attends only to itself (s_2 = 0 to working precision): m = 0, and dloss/ds_i =
+    dloss/dm prod_{k != i} s_k must come from the exclusive products (m / s_i would be 0/0).
+    The gradient equals autograd through the explicit product, finite."""
+    q = torch.randn(1, 5, 3, dtype=F64, generator=torch.Generator().manual_seed(3))
+    k = q.clone()
+    q[0, 2], k[0, 2] = 40.0, 40.0  # z_22 = 4800 dwarfs z_2j: A_22 = 1, s_2 = 0 in float64
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    got = CausalHeadPenalty.apply(q, k, 1.0, 0.2, 1e-8)
+    z = (q @ k.transpose(-2, -1)).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1),
+                                              float("-inf"))  # fmt: skip
+    ref = cofactor_penalty(torch.softmax(z, -1), beta=0.2, causal=True, reduce="none")
+    assert float(torch.softmax(z.detach(), -1)[0, 2, :2].sum()) == 0.0  # the case under test
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k)), torch.autograd.grad(ref.sum(), (q, k))):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_causal_head_penalty_in_float32_keeps_the_dtype_and_matches_float64():
+    """The training dtype: gradients come back in float32, the loss in float64, both within
+    float32 round-off of the float64 computation."""
+    g = torch.Generator().manual_seed(4)
+    q64, k64 = (
+        torch.randn(6, 16, 8, dtype=F64, generator=g),
+        torch.randn(6, 16, 8, dtype=F64, generator=g),
+    )
+    q32, k32 = q64.float().requires_grad_(True), k64.float().requires_grad_(True)
+    got = CausalHeadPenalty.apply(q32, k32, 0.35, 0.1, 1e-8)
+    assert got.dtype == F64
+    q64.requires_grad_(True)
+    k64.requires_grad_(True)
+    ref = CausalHeadPenalty.apply(q64, k64, 0.35, 0.1, 1e-8)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    gq, gk = torch.autograd.grad(got.sum(), (q32, k32))
+    rq, rk = torch.autograd.grad(ref.sum(), (q64, k64))
+    assert gq.dtype == gk.dtype == torch.float32
+    torch.testing.assert_close(gq.double(), rq, rtol=1e-4, atol=1e-5 * float(rq.abs().max()))
+    torch.testing.assert_close(gk.double(), rk, rtol=1e-4, atol=1e-5 * float(rk.abs().max()))
 
 
 def test_causal_flag_names_a_matrix_that_is_not_lower_triangular():

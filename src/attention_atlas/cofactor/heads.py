@@ -30,6 +30,7 @@ __all__ = [
     "attention_probs",
     "head_indices",
     "head_logits",
+    "head_qk",
     "head_probs",
     "select_heads",
     "strictly_upper",
@@ -105,18 +106,18 @@ def _checked_model(model: Any, output: Any) -> tuple[Any, Any]:
     return hidden, blocks
 
 
-def head_logits(
+def head_qk(
     model: Any,
     output: Any,
     *,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | int | None = 1,
     max_items: int | None = None,
-) -> Tensor | None:
-    """Logits ``q_h k_h^T / (sqrt(d) T)`` ``(layers, B, h, L, L)`` of the chosen heads of the
-    chosen layers, before any mask, from the forward's queries and keys or recomputed (module
-    docstring); differentiable. None unless every chosen layer is dot-product attention of one
-    shape and temperature. Arguments as :func:`head_probs`."""
+) -> tuple[Tensor, Tensor, float] | None:
+    """Queries and keys ``(layers, B, h, L, d)`` of the chosen heads of the chosen layers, from
+    the forward's own or recomputed (module docstring), and the layers' temperature ``T`` (the
+    logits are ``q k^T / (sqrt(d) T)``); differentiable. None unless every chosen layer is dot-product attention of one shape and
+    temperature. Arguments as :func:`head_probs`."""
     from ..attention.dot import DotProductAttention
 
     hidden, blocks = _checked_model(model, output)
@@ -131,9 +132,27 @@ def head_logits(
     qk = _forward_qk(output, chosen, idx, max_items)
     if qk is None:
         qk = _recomputed_qk(blocks, hidden, chosen, idx, max_items)
-    q, k = qk  # (layers, B, h, L, d) each
+    q, k = qk
+    return q, k, attns[0].temperature
+
+
+def head_logits(
+    model: Any,
+    output: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = 1,
+    max_items: int | None = None,
+) -> Tensor | None:
+    """Logits ``q_h k_h^T / (sqrt(d) T)`` ``(layers, B, h, L, L)`` of the chosen heads of the
+    chosen layers, before any mask, from :func:`head_qk`; differentiable. None where
+    :func:`head_qk` is. Arguments as :func:`head_probs`."""
+    qk = head_qk(model, output, layers=layers, heads=heads, max_items=max_items)
+    if qk is None:
+        return None
+    q, k, temperature = qk  # (layers, B, h, L, d) each
     # (layers, B, h, L, L), as DotProductAttention's explicit path
-    return (q @ k.transpose(-2, -1)) / (math.sqrt(q.shape[-1]) * attns[0].temperature)
+    return (q @ k.transpose(-2, -1)) / (math.sqrt(q.shape[-1]) * temperature)
 
 
 def head_probs(

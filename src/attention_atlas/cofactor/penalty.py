@@ -34,16 +34,21 @@ so the penalty is a function of ``m`` alone: ``-log(m + eps) + beta (log(m + n e
 eps) + (n - 1) log eps) / n - log n)``, computed from the ``n - 1`` sums ``s_i`` in ``O(n^2)``
 with no factorisation, its gradient by autograd (which, through the product, is exact where an
 ``s_i`` vanishes). This holds for every lower-triangular ``A``, so it is the same function the
-general path computes, restricted to the causal inputs it is given.
+general path computes, restricted to the causal inputs it is given. The harness's causal
+dot-product heads go further: :class:`CausalHeadPenalty` takes the heads' queries and keys and
+forms the logits, the softmax, the sums and the penalty in one node with a written-out
+backward.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
@@ -54,11 +59,11 @@ from .cofactors import (
     _with_fallback,
     lu_cofactors,
 )
-from .heads import attention_probs, head_logits, head_probs, select_heads, strictly_upper
+from .heads import attention_probs, head_probs, head_qk, select_heads
 
 __all__ = [
     "PENALTY_METHODS",
-    "CausalRowSums",
+    "CausalHeadPenalty",
     "FastPenalty",
     "cofactor_flops",
     "cofactor_penalty",
@@ -149,36 +154,86 @@ def _causal_penalty(A: Tensor, beta: float, eps: float) -> Tensor:
     return _causal_loss(s, beta, eps)
 
 
-class CausalRowSums(torch.autograd.Function):
-    """``s_i = sum_{j<i} A_ij`` (float64, ``(..., n)``) of ``A = softmax`` of causally masked
-    ``logits (..., n, n)``: the softmax, the mask and the sums as one node, whose backward is
-    the softmax's written out for a gradient constant along each row's strict lower part,
-    ``dz_ij = A_ij g_i ([j < i] - s_i)`` (``dA_ij = g_i [j < i]``, ``sum_k A_ik dA_ik = g_i
-    s_i``), in the logits' dtype."""
+@functools.lru_cache(maxsize=16)
+def _causal_masks(n: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(bias, lower)`` ``(n, n)`` of one causal head: ``bias`` 0 on and below the diagonal and
+    ``-inf`` above (added to the logits), ``lower`` 1 strictly below the diagonal, else 0.
+    Cached per size, dtype and device; never written to."""
+    upper = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    bias = torch.zeros(n, n, dtype=dtype, device=device).masked_fill(upper, float("-inf"))
+    lower = torch.ones(n, n, dtype=dtype, device=device).tril(-1)
+    return bias, lower
+
+
+class CausalHeadPenalty(torch.autograd.Function):
+    """The closed-form penalty of causal dot-product heads from their queries and keys, as one
+    node: ``q, k (b, n, d)``, ``scale`` (``1 / (sqrt(d) T)``) -> the loss per head ``(b,)``,
+    float64 (:func:`_causal_loss`)::
+
+        z = scale q k^T (j <= i),   A = softmax(z),   s_i = sum_{j<i} A_ij,   m = prod_{i>=1} s_i
+
+    Forward: the product, scale and mask in one ``baddbmm``, the softmax, and the row sums
+    (in the logits' dtype: positive terms, so each sum keeps its relative precision). Backward,
+    written out: ``dloss/dm`` in closed form; ``dm/ds_i = prod_{k>=1, k != i} s_k`` (exclusive
+    products, exact where an ``s_k`` vanishes); the softmax's backward for a gradient constant
+    along each row's strict lower part, ``dz_ij = A_ij g_i ([j < i] - s_i)``; ``dq = scale dz
+    k`` and ``dk = scale dz^T q``. Nothing is factorised and no ``(b, n, n)`` temporary but
+    ``A`` and ``dz`` is made.
+    """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, logits: Tensor) -> Tensor:  # type: ignore[override]
-        upper = strictly_upper(logits)
-        A = torch.softmax(logits.masked_fill(upper, float("-inf")), -1)
-        s = A.tril(-1).sum(-1, dtype=torch.float64)
-        ctx.save_for_backward(A, s)
-        return s
+    def forward(
+        ctx: FunctionCtx, q: Tensor, k: Tensor, scale: float, beta: float, eps: float
+    ) -> Tensor:  # type: ignore[override]
+        n = q.shape[-2]
+        bias, lower = _causal_masks(n, q.dtype, q.device)
+        A = torch.softmax(torch.baddbmm(bias, q, k.transpose(-2, -1), alpha=scale), -1)
+        s = (A * lower).sum(-1).to(torch.float64)  # (b, n); s_0 = 0
+        m = s[..., 1:].prod(-1)
+        ctx.save_for_backward(q, k, A, s, m)
+        ctx.consts = (scale, beta, eps)  # type: ignore[attr-defined]
+        return _loss_of_m(m, n, beta, eps)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: FunctionCtx, g: Tensor) -> Tensor:  # type: ignore[override]
-        A, s = ctx.saved_tensors  # type: ignore[attr-defined]
+    def backward(
+        ctx: FunctionCtx, g: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:  # type: ignore[override]
+        q, k, A, s, m = ctx.saved_tensors  # type: ignore[attr-defined]
+        scale, beta, eps = ctx.consts  # type: ignore[attr-defined]
         n = A.shape[-1]
-        lower = torch.ones(n, n, dtype=A.dtype, device=A.device).tril_(-1)  # [j < i]
-        w = lower - s.to(A.dtype).unsqueeze(-1)  # (..., n, n)
-        return w.mul_(g.to(A.dtype).unsqueeze(-1)).mul_(A)
+        dm = -1.0 / (m + eps)
+        if beta:
+            dm = dm + beta * (1.0 / (m + n * eps) - 1.0 / (n * (m + eps)))
+        t = s[..., 1:]  # (b, n - 1)
+        if bool((t > 0).all()):
+            dmds = m.unsqueeze(-1) / t  # prod_{k >= 1, k != i} s_k
+        else:  # a vanished s_k: the exclusive products themselves
+            one = torch.ones_like(t[..., :1])
+            before = torch.cat([one, t[..., :-1]], -1).cumprod(-1)  # prod_{1 <= k < i} s_k
+            after = torch.cat([one, t[..., 1:].flip(-1)], -1).cumprod(-1).flip(-1)  # k > i
+            dmds = before * after
+        # scale * dloss/ds_i, (b, n); row 0 gets 0 (s_0 = 0 and [j < 0] is empty, so dz_0 = 0)
+        gs = F.pad((g * dm * scale).unsqueeze(-1) * dmds, (1, 0))
+        lower = _causal_masks(n, A.dtype, A.device)[1]
+        # dz_ij = A_ij g_i ([j < i] - s_i), scaled
+        dz = (lower * gs.to(A.dtype).unsqueeze(-1)).sub_((gs * s).to(A.dtype).unsqueeze(-1))
+        dz.mul_(A)
+        needs_q, needs_k = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
+        dq = torch.bmm(dz, k) if needs_q else None
+        dk = torch.bmm(dz.transpose(-2, -1), q) if needs_k else None
+        return dq, dk, None, None, None
 
 
 def _causal_loss(s: Tensor, beta: float, eps: float) -> Tensor:
     """The closed-form penalty per matrix ``(...)`` from the row sums ``s (..., n)`` of a
     causal head (``s_0 = 0`` is not used)."""
-    n = s.shape[-1]
-    m = s[..., 1:].prod(-1)  # det M = c_0 = sum c
+    return _loss_of_m(s[..., 1:].prod(-1), s.shape[-1], beta, eps)  # m = det M = c_0 = sum c
+
+
+def _loss_of_m(m: Tensor, n: int, beta: float, eps: float) -> Tensor:
+    """The penalty of a causal ``n x n`` head from ``m = prod_{i>=1} s_i`` (its only nonzero
+    cofactor): ``-log(m + eps) + beta KL(u || pi)`` with ``p = (m + eps, eps, ..., eps)``."""
     log_m_eps = torch.log(m + eps)
     loss = -log_m_eps  # the seed's -log(|m| + eps)
     if beta:  # p = (m + eps, eps, ..., eps), S = m + n eps: KL = log S - mean log p - log n
@@ -325,11 +380,15 @@ def regularizer(
         return cofactor_regularizer_from_probs(
             probs, layers=layers, heads=heads, max_items=max_items, **opts
         )
-    if causal and method == "lu":  # dot-product heads: the logits are all the closed form needs
-        logits = head_logits(model, output, layers=layers, heads=heads, max_items=max_items)
-        if logits is not None:
-            s = CausalRowSums.apply(logits.flatten(0, -3))
-            return _causal_loss(s, float(beta), float(eps)).mean()
+    if causal and method == "lu":  # dot-product heads: queries and keys are all it needs
+        qk = head_qk(model, output, layers=layers, heads=heads, max_items=max_items)
+        if qk is not None:
+            q, k, temperature = qk  # (layers, B, h, n, d)
+            scale = 1.0 / (math.sqrt(q.shape[-1]) * temperature)
+            loss = CausalHeadPenalty.apply(
+                q.flatten(0, -3), k.flatten(0, -3), scale, float(beta), float(eps)
+            )
+            return loss.mean()
     probs_sel = head_probs(model, output, layers=layers, heads=heads, max_items=max_items)
     n = probs_sel.shape[-1]
     if method not in PENALTY_METHODS:
