@@ -334,7 +334,10 @@ def _model_flops(run: Any) -> dict[str, int]:
         spec = next(s for s in run.cfg.regularizers if s["name"] == "cofactor")
         heads = spec.get("heads", 1)
         mats = x.shape[0] * run.mcfg.n_layers * (heads if isinstance(heads, int) else len(heads))
-        flops["regularizer_estimate"] = mats * cofactor_flops(x.shape[1])
+        # a causal model's heads take the closed form (no factorisation: its products, the
+        # logits and their two backward products, are in the profile's count already)
+        closed_form = bool(run.model.cfg.is_causal) and spec.get("method", "lu") == "lu"
+        flops["regularizer_estimate"] = 0 if closed_form else mats * cofactor_flops(x.shape[1])
     return flops
 
 
@@ -401,7 +404,8 @@ def bench_train(
 def step_flops(result: dict[str, Any]) -> float:
     """The matrix-product FLOPs of one whole step of a :func:`bench_train` result: those the
     profile counted (model, loss and regularisers, the path the step really takes) plus the
-    estimate of the LU factorisations of a cofactor regulariser, which have no FLOP formula."""
+    estimate of the LU factorisations of a cofactor regulariser on non-causal heads, which have
+    no FLOP formula (causal heads take the closed form, no factorisation)."""
     f = result["flops"]
     return float(f["step_counted"] + f.get("regularizer_estimate", 0))
 
