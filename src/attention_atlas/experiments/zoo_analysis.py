@@ -374,16 +374,30 @@ def protocol_text(grid: Any, long: Mapping[str, Any]) -> str:
             f"pairs {sorted(set(full['pairs']) - set(pairs))}" if set(full["pairs"]) - set(pairs) else "",
             f"the cells off the centre for {', '.join(only)}" if only else ""]  # fmt: skip
     left = [x for x in left if x]
-    lines.append(
-        f"**What it leaves out of the full protocol** (`--preset long`: widths "
-        f"{full['widths']} at {full['centre_pairs']} pairs, pairs {full['pairs']} at width "
-        f"{full['centre_width']}, length max({full['seq_len']}, 4N), vocabulary "
-        f"{full['vocab_size']}, {full['steps']:,} steps of {full['batch_size']}, char-PTB "
-        f"{full['ptb_budget_s']:g} s per run): "
-        + ("; ".join(left) or "nothing")
-        + f"; and it runs {tr['steps']:,} rather than {full['steps']:,} steps at length "
-        f"{t['seq_len']} rather than {full['seq_len']}."
+    less = [f"{tr['steps']:,} rather than {full['steps']:,} steps"
+            if tr["steps"] != full["steps"] else "",
+            f"length {t['seq_len']} rather than {full['seq_len']}"
+            if t["seq_len"] != full["seq_len"] else "",
+            f"vocabulary {t['vocab_size']} rather than {full['vocab_size']}"
+            if t["vocab_size"] != full["vocab_size"] else "",
+            f"char-PTB for {ptb[0]['train']['budget_s']:g} s rather than "
+            f"{full['ptb_budget_s']:g} s" if ptb and ptb[0]["train"]["budget_s"]
+            != full["ptb_budget_s"] else ""]  # fmt: skip
+    less = [x for x in less if x]
+    protocol = (
+        f"(`--preset long`: widths {full['widths']} at {full['centre_pairs']} pairs, pairs "
+        f"{full['pairs']} at width {full['centre_width']}, length max({full['seq_len']}, 4N), "
+        f"vocabulary {full['vocab_size']}, {full['steps']:,} steps of {full['batch_size']}, "
+        f"char-PTB {full['ptb_budget_s']:g} s per run)"
     )
+    if not left and not less:
+        lines.append(f"**This is the full protocol** {protocol}.")
+    else:
+        lines.append(
+            f"**What it leaves out of the full protocol** {protocol}: "
+            + ("; ".join(left) or "no cell")
+            + (f"; and it runs {', '.join(less)}." if less else ".")
+        )
     return "\n\n".join(lines)
 
 
