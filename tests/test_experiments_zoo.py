@@ -313,3 +313,24 @@ def test_long_anchors_need_every_dot_and_ssm_cell_of_the_long_protocol(monkeypat
     expect = za.anchors(za.mqar_frame(grid.frame))
     assert anchor["ssm_fall"]["difference"] == expect["ssm_fall"]["difference"]
     assert anchor["easiest"] == "w64-p4" and anchor["ssm_fall"]["pairs"] == (4, 32)
+
+
+@pytest.mark.parametrize("preset", ["long", "book"])
+def test_the_protocol_text_names_what_a_grid_shrinks_and_nothing_when_it_is_the_full_one(preset):
+    """Read from the grid's own configurations: the long preset is the full protocol; the book
+    grid names each parameter it shrinks (steps, length, vocabulary, the char-PTB budget) with
+    the full value beside it, and no parameter it keeps."""
+    configs = zoo.chapter_grid(**zoo.PRESETS[preset])
+    grid = SimpleNamespace(records={(n, 0): {"params": c} for n, c in configs.items()})
+    last = za.protocol_text(grid, zoo.PRESETS["long"]).split("\n\n")[-1]
+    if preset == "long":
+        assert last.startswith("**This is the full protocol**") and "rather than" not in last
+        return
+    book, full = zoo.PRESETS["book"], zoo.PRESETS["long"]
+    defaults = zoo.chapter_grid.__kwdefaults__
+    for key, words in [("steps", "{:,} rather than {:,} steps"), ("seq_len", "length {} rather than {}"),
+                       ("vocab_size", "vocabulary {} rather than {}"),
+                       ("ptb_budget_s", "char-PTB for {:g} s rather than {:g} s")]:  # fmt: skip
+        mine, theirs = book.get(key, defaults[key]), full.get(key, defaults[key])
+        assert (words.format(mine, theirs) in last) == (mine != theirs), key
+    assert "batch" not in last.split("):")[-1]  # the batch size is the same in both
