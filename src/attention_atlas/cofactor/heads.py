@@ -116,8 +116,8 @@ def head_qk(
 ) -> tuple[Tensor, Tensor, float] | None:
     """Queries and keys ``(layers, B, h, L, d)`` of the chosen heads of the chosen layers, from
     the forward's own or recomputed (module docstring), and the layers' temperature ``T`` (the
-    logits are ``q k^T / (sqrt(d) T)``); differentiable. None unless every chosen layer is dot-product attention of one shape and
-    temperature. Arguments as :func:`head_probs`."""
+    logits are ``q k^T / (sqrt(d) T)``); differentiable. None unless every chosen layer is
+    dot-product attention of one shape and temperature. Arguments as :func:`head_probs`."""
     from ..attention.dot import DotProductAttention
 
     hidden, blocks = _checked_model(model, output)
