@@ -213,9 +213,12 @@ display(frames["book"].round(2))
 # The goals (`perf.GOALS`: a bound on the Fiber Bundle Transformer's step and one on every
 # other variant's, in dot-product steps), or, where a goal is out of reach, a count of FLOPs that
 # shows why (a variant whose counted FLOPs already exceed its goal cannot meet it at dot's FLOP
-# rate). The cofactor regulariser has a goal of its own, a small share of a step, which chapter
-# 6 measures (its LU factorisations are counted here by their estimate, as no FLOP counter sees
-# them).
+# rate). The cofactor regulariser has a goal of its own, a share of the step
+# (`perf.REGULARIZER_SHARE_GOAL`), read two ways from the same records: the step's excess over
+# the dot-product step timed beside it, and the regulariser's phase in the profile. Its FLOPs are
+# the products it runs (the heads' logits and their two backward products: a decoder's heads
+# take chapter 6's closed form, with no factorisation). Chapter 6 times it again at its own
+# shapes.
 
 # %%
 print("goals, in dot-product steps:", perf.GOALS)
@@ -223,6 +226,7 @@ for shape, rec in train.items():
     g = perf.goals(rec)
     display(g.round(2).rename_axis(f"{shape} shape"))
     viz.markdown(perf.goal_sentence(g, shape))
+viz.markdown(perf.regularizer_sentence({s: perf.regularizer_share(r) for s, r in train.items()}))
 
 # %% [markdown]
 # ## Where a step goes

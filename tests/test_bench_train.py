@@ -48,6 +48,22 @@ def test_phase_flops_add_up_to_the_model_flops_of_a_step(variant):
         assert phases["regularizer/fiber_bundle"]["backward_flops"] > 0
 
 
+def test_cofactor_step_counts_the_products_of_its_closed_form_and_no_factorisation():
+    """A decoder's regularised heads take the closed form: no LU estimate is added, and the
+    regulariser's phase holds exactly its three products, the logits forward and two backward
+    (2 n^2 d FLOPs each), for batch x layers x 1 head matrices."""
+    run = bench_train._build_run("cofactor", TINY, _corpus(), seed=0)
+    assert bench_train._model_flops(run)["regularizer_estimate"] == 0
+    phases = bench_train.profile_phases(bench_train._step_fn(run), run.model, steps=1)
+    n, d = TINY["seq_len"], TINY["dim"] // TINY["n_heads"]
+    mats = TINY["batch_size"] * TINY["n_layers"]
+    reg = phases["regularizer/cofactor"]
+    assert (reg["forward_flops"], reg["backward_flops"]) == (
+        mats * 2 * n * n * d,
+        mats * 4 * n * n * d,
+    )
+
+
 def test_train_setup_is_chapter_4s_fbt_and_chapter_6s_regulariser():
     mcfg, tcfg = bench_train.train_setup("fiber_bundle", bench_train.SHAPES["book"])
     assert type(mcfg).__name__ == "FiberBundleConfig" and mcfg.dim == 64 and mcfg.n_heads == 4

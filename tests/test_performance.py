@@ -77,6 +77,32 @@ def test_goals_say_which_steps_are_within_budget_and_why_not():
     assert math.isnan(perf.train_frame(rec).loc["dot", "goal"])
 
 
+def test_regularizer_share_is_the_step_excess_over_dot_and_the_profiled_phase():
+    """1 - 1 / ratio from the timing (quartiles too), the phase's share from the profile, its
+    counted FLOPs over the step's, against the 5% goal; None without a cofactor step."""
+    rec = _train({"dot": 1.0, "cofactor": 1.1}, {"dot": 1.0, "cofactor": 1.02})
+    res = rec["results"]["cofactor"]
+    res["step"].update(ratio_q25=1.05, ratio_q75=1.25)
+    res["phases"]["regularizer/cofactor"] = {
+        "share": 0.08,
+        "forward_flops": 5e6,
+        "backward_flops": 1.5e7,
+    }
+    got = perf.regularizer_share(rec)
+    assert got == pytest.approx({"timed": 1 - 1 / 1.1, "timed_low": 1 - 1 / 1.05,
+                                 "timed_high": 1 - 1 / 1.25, "profiled": 0.08,
+                                 "flops": 2e7 / 1.02e9, "goal": 0.05})  # fmt: skip
+    assert perf.regularizer_share(_train({"dot": 1.0}, {"dot": 1.0})) is None
+    long = _train({"dot": 1.0, "cofactor": 1.04}, {"dot": 1.0, "cofactor": 1.01})
+    long["results"]["cofactor"]["phases"]["regularizer/cofactor"] = {
+        "share": 0.03, "forward_flops": 1, "backward_flops": 1}  # fmt: skip
+    text = perf.regularizer_sentence({"book": got, "long": perf.regularizer_share(long)})
+    assert "at the book shape 9.1% of a step" in text and "(quartiles 4.8% to 20.0%)" in text
+    assert "8.0% by the profile, for 2.0% of the step's FLOPs: goal not met" in text
+    assert "at the long shape 3.8% of a step" in text and text.endswith("goal met.")
+    assert "No record" in perf.regularizer_sentence({"book": None})
+
+
 def test_loader_shows_gpu_records_beside_cpu_ones(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
     assert perf.load_records() == {perf.KERNEL_RECORD: {}, "train-book": {}, "train-long": {}}

@@ -33,8 +33,11 @@ __all__ = [
     "GOALS",
     "KERNEL_RECORD",
     "LIVE_SIZES",
+    "REGULARIZER_SHARE_GOAL",
     "kernel_sizes_sentence",
     "goal_sentence",
+    "regularizer_sentence",
+    "regularizer_share",
     "goals",
     "kernel_figure",
     "kernel_frame",
@@ -60,6 +63,8 @@ KERNEL_RECORD = "kernels-float32"
 #: step, every other variant's at most 1.5x (the cofactor regulariser's own goal, 5% of a step,
 #: is chapter 6's)
 GOALS = {"fiber_bundle": 3.0, "default": 1.5}
+#: issue 16's goal for the cofactor regulariser: at most this share of a training step
+REGULARIZER_SHARE_GOAL = 0.05
 
 
 def load_records(
@@ -302,6 +307,50 @@ def goal_sentence(g: pd.DataFrame, shape: str) -> str:
         f"At the {shape} shape the goal is met by {fmt(met)}. Missed with counted FLOPs already "
         f"above the goal (its floor at dot's FLOP rate): {fmt(floor)}. Missed although the FLOPs "
         f"are within the goal (many small operators and memory traffic, not arithmetic): {fmt(slow)}."
+    )
+
+
+def regularizer_share(
+    record: dict[str, Any], variant: str = "cofactor", phase: str = "regularizer/cofactor"
+) -> dict[str, float] | None:
+    """The share of ``variant``'s training step that its regulariser takes, from a
+    :func:`~attention_atlas.bench_train.bench_train` record, two ways: ``timed``, the step's
+    excess over the dot-product step measured side by side (``1 - 1 / ratio``; ``timed_low`` and
+    ``timed_high`` from the ratio's quartiles), and ``profiled``, the regulariser phase's share
+    of the profiled step; with ``flops``, the phase's counted FLOPs over the step's (the share it
+    would take at the model's FLOP rate) and the ``goal``. None when the record has no
+    ``variant`` or no ``phase`` (a live run of other variants)."""
+    res = record["results"].get(variant)
+    if res is None or phase not in res.get("phases", {}):
+        return None
+    t, p = res["step"], res["phases"][phase]
+    return {
+        "timed": 1.0 - 1.0 / t["ratio_median"],
+        "timed_low": 1.0 - 1.0 / t["ratio_q25"],
+        "timed_high": 1.0 - 1.0 / t["ratio_q75"],
+        "profiled": float(p["share"]),
+        "flops": (p["forward_flops"] + p["backward_flops"]) / step_flops(res),
+        "goal": REGULARIZER_SHARE_GOAL,
+    }
+
+
+def regularizer_sentence(shares: dict[str, dict[str, float] | None]) -> str:
+    """:func:`regularizer_share` per shape (``{shape: shares}``) in words, met or not."""
+    parts = [
+        f"at the {shape} shape {100 * r['timed']:.1f}% of a step by the side-by-side timing "
+        f"(quartiles {100 * r['timed_low']:.1f}% to {100 * r['timed_high']:.1f}%), "
+        f"{100 * r['profiled']:.1f}% by the profile, for {100 * r['flops']:.1f}% of the step's "
+        f"FLOPs: goal {'met' if r['timed'] <= r['goal'] else 'not met'}"
+        for shape, r in shares.items()
+        if r is not None
+    ]
+    if not parts:
+        return "No record here has the cofactor regulariser's step."
+    goal = next(r["goal"] for r in shares.values() if r is not None)
+    return (
+        f"The cofactor regulariser (goal: at most {100 * goal:g}% of a step): "
+        + "; ".join(parts)
+        + "."
     )
 
 
