@@ -102,6 +102,13 @@ def test_verdict_rule(low: float, high: float, direction: int, outcome: str) -> 
         assert v.detectable == pytest.approx((high - low) / 2)
 
 
+def test_an_equivalence_claim_contradicted_names_the_side_it_fails_on() -> None:
+    up = verdict(Interval(0.5, 0.2, 0.9, 3), sesoi=0.1, direction=0)
+    down = verdict(Interval(-0.5, -0.9, -0.2, 3), sesoi=0.1, direction=0)
+    assert up.outcome == down.outcome == "contradicted"
+    assert up.reason.endswith("(an increase)") and down.reason.endswith("(a decrease)")
+
+
 def test_verdict_needs_three_runs_and_a_positive_sesoi() -> None:
     assert verdict(Interval(1.0, 0.5, 1.5, 2), sesoi=0.1).outcome == "not tested"
     assert verdict(None, sesoi=0.1).outcome == "not tested"

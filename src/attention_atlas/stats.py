@@ -219,8 +219,8 @@ def verdict(
       effect this many runs could have told from zero.
 
     For ``direction=0`` it is *supported* when the whole interval lies inside ``(-sesoi,
-    sesoi)``, *contradicted* when it excludes zero and reaches past ``sesoi`` on that side, and
-    *not resolved* otherwise.
+    sesoi)``, *contradicted* when it excludes zero and reaches past ``sesoi`` on that side (the
+    reason names the side: an increase or a decrease), and *not resolved* otherwise.
     """
     if not (isinstance(sesoi, int | float) and math.isfinite(sesoi) and sesoi > 0):
         raise ValueError(f"sesoi must be a positive finite number, got {sesoi!r}")
@@ -240,9 +240,10 @@ def verdict(
         if -sesoi < effect.low and effect.high < sesoi:
             return Verdict("supported", effect, sesoi, 0, f"{text} lies inside +-{sesoi:.3g}")
         if (effect.low > 0 and effect.high > sesoi) or (effect.high < 0 and effect.low < -sesoi):
+            way = "an increase" if effect.low > 0 else "a decrease"
             return Verdict(
                 "contradicted", effect, sesoi, 0,
-                f"{text} excludes zero and reaches past +-{sesoi:.3g}",
+                f"{text} excludes zero and reaches past +-{sesoi:.3g} ({way})",
             )  # fmt: skip
         return Verdict(
             "not resolved", effect, sesoi, 0,
