@@ -151,7 +151,7 @@ def test_a_resume_under_changed_settings_is_refused_listing_every_change(copy_da
     msg = str(err.value)
     assert "model.dim: 16 -> 32" in msg and "train.lr: 0.01 -> 0.02" in msg and "\n" not in msg
     # settings that do not change what is computed may change
-    res = train(TINY, tiny_cfg(steps=4, checkpoint_every=2, num_threads=1, out_dir=out), copy_data, resume=True)  # fmt: skip
+    res = train(TINY, tiny_cfg(steps=4, checkpoint_every=2, num_threads=1, compile=True, out_dir=out), copy_data, resume=True)  # fmt: skip
     assert res.final["steps"] == 4
 
 

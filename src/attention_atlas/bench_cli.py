@@ -46,6 +46,12 @@ def add_subcommand(subparsers: Any) -> None:
     )
     p.add_argument("--shape", default="book", help="--train: chapter 4's shape, book or long")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="--train: also time each step with its forward through torch.compile "
+        "(TrainConfig(compile=True)), side by side with the eager one",
+    )
+    p.add_argument(
         "--lengths",
         type=int,
         nargs="+",
@@ -186,7 +192,7 @@ def _cli_record(args: argparse.Namespace) -> int:
         from .bench_train import TRAIN_VARIANTS, bench_train, format_train_table
 
         rec = bench_train(args.variants or TRAIN_VARIANTS, args.shape, reps=args.reps,
-                          warmup=args.warmup)  # fmt: skip
+                          warmup=args.warmup, compiled=args.compile)  # fmt: skip
         text = format_train_table(rec)
     else:
         from .bench_scaling import KERNEL_VARIANTS, kernel_scaling

@@ -73,6 +73,8 @@ TRAIN_VARIANTS = (
 )  # fmt: skip
 
 _SHAPE_KEYS = ("dim", "n_layers", "n_heads", "batch_size", "seq_len")
+#: suffix of a variant's compiled run among :func:`bench_train`'s timed steps
+COMPILED = "@compiled"
 
 
 def _shape(preset: str) -> dict[str, int]:
@@ -125,17 +127,22 @@ def _build_run(variant: str, shape: dict[str, int], data: TextCorpus, seed: int)
     return _build(mcfg, tcfg, data, torch.device("cpu"), [])
 
 
-def _step_fn(run: Any) -> Callable[[], torch.Tensor]:
-    """One call = one optimiser step of ``run`` by the harness's own step function."""
-    from .train.loop import _Clock, _optimiser_step
+def _step_fn(run: Any, compiled: bool = False) -> Callable[[], torch.Tensor]:
+    """One call = one optimiser step of ``run`` by the harness's own step function; with
+    ``compiled``, its forward through :class:`attention_atlas.train.loop.CompiledSteps`, as a
+    run with ``TrainConfig(compile=True)`` takes it."""
+    from .train.loop import CompiledSteps, _Clock, _optimiser_step
 
     needs_w = any(get_regularizer(s["name"])[1] for s in run.cfg.regularizers)
     clock = _Clock(run.progress.timing)
+    module = CompiledSteps(run.model) if compiled else run.model
 
     def step() -> torch.Tensor:
         with torch.enable_grad():
-            _optimiser_step(run, run.model, needs_w, clock)
+            _optimiser_step(run, module, needs_w, clock)
         return torch.zeros(())
+
+    step.compiled = module if compiled else None  # type: ignore[attr-defined]
 
     return step
 
@@ -351,6 +358,7 @@ def bench_train(
     min_sample_s: float = 0.05,
     seed: int = 0,
     data: TextCorpus | None = None,
+    compiled: bool = False,
 ) -> dict[str, Any]:
     """Time, profile and count one training step of each of ``variants`` against ``dot``.
 
@@ -360,6 +368,9 @@ def bench_train(
         reps: interleaved timing rounds; warmup: untimed steps of each run first.
         profile_steps: steps profiled per variant for the phase breakdown.
         data: the corpus (default char-PTB, chapter 4's).
+        compiled: also time each variant's step with its forward through ``torch.compile``
+            (``TrainConfig(compile=True)``), in the same interleaved rounds: a second run of
+            each variant from the same seed (record name ``train-<shape>-compiled``).
 
     Returns:
         ``{"name", "kind": "train_step", "shape", "sizes", "baseline": "dot", "device",
@@ -367,7 +378,10 @@ def bench_train(
         ratio_median, ratio_q25, ratio_q75, samples_s}, "phases": {...}, "flops": {...},
         "params": int}}}``; ``flops`` holds :func:`attention_atlas.train.measure_flops`'s counts
         of the model (its fast path), ``step_counted`` (every matrix product the profiled step
-        ran, regularisers included) and for ``cofactor`` the ``regularizer_estimate``.
+        ran, regularisers included) and for ``cofactor`` the ``regularizer_estimate``; with
+        ``compiled`` also ``"compiled": {median_s, q25_s, q75_s, ratio_median, ...}`` (ratios
+        to the eager dot step), ``"compile_speedup"`` (eager median over compiled median) and
+        ``"compile_error"`` (None, or the error that sent the steps back to eager).
     """
     t0 = time.time()
     sizes = SHAPES[shape] if isinstance(shape, str) else {k: int(shape[k]) for k in _SHAPE_KEYS}
@@ -378,6 +392,9 @@ def bench_train(
     corpus = data if data is not None else load_char_ptb()
     runs = {v: _build_run(v, sizes, corpus, seed) for v in names}
     steps = {v: _step_fn(r) for v, r in runs.items()}
+    if compiled:  # a second run of each, from the same seed, its forward compiled
+        for v in names:
+            steps[v + COMPILED] = _step_fn(_build_run(v, sizes, corpus, seed), compiled=True)
     clock = "cpu" if torch.get_num_threads() == 1 else "wall"
     timing = compare(steps, "dot", (), backward=False, warmup=warmup, reps=reps,
                      min_sample_s=min_sample_s, memory=False, clock=clock)  # fmt: skip
@@ -393,8 +410,14 @@ def bench_train(
             "step": t, "phases": phases, "flops": flops,
             "params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
         }  # fmt: skip
+        if compiled:
+            c = dict(timing["results"][v + COMPILED]["forward"])
+            results[v]["compiled"] = c
+            results[v]["compile_speedup"] = t["median_s"] / c["median_s"]
+            results[v]["compile_error"] = steps[v + COMPILED].compiled.error  # type: ignore[attr-defined]
+    name = f"train-{shape}" if isinstance(shape, str) else "train-custom"
     return {
-        "name": f"train-{shape}" if isinstance(shape, str) else "train-custom",
+        "name": name + ("-compiled" if compiled else ""),
         "kind": "train_step", "shape": shape if isinstance(shape, str) else "custom",
         "sizes": sizes, "baseline": "dot", "device": "cpu", "threads": torch.get_num_threads(),
         "reps": reps, "clock": clock, "seconds": time.time() - t0, "results": results,
@@ -444,4 +467,13 @@ def format_train_table(record: dict[str, Any]) -> str:
             f"{'[' + format(t['ratio_q25'], '.2f') + ',' + format(t['ratio_q75'], '.2f') + ']':>13} "
             f"{f / 1e9:>11.3f} {f / dot_flops:>10.2f}"
         )
+    if all("compiled" in r for r in record["results"].values()):
+        lines.append("compiled forward (torch.compile), the same rounds; ratios to eager dot")
+        lines.append(f"{'variant':<14} {'step ms':>9} {'ratio':>7} {'speedup':>8}  fell back")
+        for v, r in record["results"].items():
+            c = r["compiled"]
+            lines.append(
+                f"{v:<14} {c['median_s'] * 1e3:>9.2f} {c['ratio_median']:>7.2f} "
+                f"{r['compile_speedup']:>8.2f}  {r['compile_error'] or 'no'}"
+            )
     return "\n".join(lines)

@@ -22,8 +22,10 @@ PREFIX = "atlas:"
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """A profiler range ``atlas:<name>`` while a profiler records; a no-op otherwise."""
-    if not torch.autograd._profiler_enabled() or torch.compiler.is_compiling():
+    """A profiler range ``atlas:<name>`` while a profiler records; a no-op otherwise, and inside
+    a graph that ``torch.compile`` traces (asked first: the profiler's state is a Python bool
+    that would break the graph at every phase)."""
+    if torch.compiler.is_compiling() or not torch.autograd._profiler_enabled():
         yield
         return
     with torch.profiler.record_function(PREFIX + name):

@@ -125,8 +125,11 @@ def save_checkpoint(
         dist.barrier()
 
 
-#: train settings a resumed run may change: they do not change what the run computes
-RESUMABLE_CHANGES = ("progress", "out_dir", "num_threads", "device", "checkpoint_every")
+#: train settings a resumed run may change: they do not change what the run computes (the
+#: device, the threads and ``compile`` change only the rounding)
+RESUMABLE_CHANGES = (
+    "progress", "out_dir", "num_threads", "device", "checkpoint_every", "compile",
+)  # fmt: skip
 
 
 def config_changes(saved: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> list[str]:

@@ -74,6 +74,10 @@ class TrainConfig:
     num_threads: PositiveInt | None = None  # torch CPU threads during the run (None = leave as is)
     progress: bool = True  # tqdm progress bar (rank 0)
     measure_flops: bool = True  # count FLOPs once (FlopCounterMode) and record them
+    # the training steps' forward (and so their backward) through torch.compile (inductor; on
+    # CPU it needs a C++ compiler); where compiling fails, a warning and eager steps. Same
+    # maths, other rounding: a compiled run is not bit-identical to an eager one
+    compile: bool = False
     effective_rank: bool = True  # log the effective rank of each layer's hidden states
     regularizers: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "weight", **opts}]
     diagnostics: list[dict[str, Any]] = field(default_factory=list)  # [{"name", **opts}]

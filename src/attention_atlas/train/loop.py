@@ -39,7 +39,7 @@ from .flops import measure_flops
 from .optim import lr_at, lr_at_time, param_groups
 from .provenance import git_commit, versions
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["CompiledSteps", "TrainResult", "train"]
 
 Callback = Callable[[int, dict[str, Any]], None]
 
@@ -242,6 +242,7 @@ def _train(run: _Run) -> TrainResult:
         ddp = nn.parallel.DistributedDataParallel(
             run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None
         )
+    step_model = CompiledSteps(ddp) if cfg.compile else ddp
     needs_w = any(get_regularizer(s["name"])[1] for s in cfg.regularizers)
     diag_batch = next(eval_batches(run.data, "val", cfg.weights_batch, cfg.seq_len, 1))
     diag_batch = (diag_batch[0].to(run.device), diag_batch[1].to(run.device))
@@ -261,7 +262,7 @@ def _train(run: _Run) -> TrainResult:
     stop = False
     while p.step < cfg.steps and not stop:
         try:
-            stop = _optimiser_step(run, ddp, needs_w, clock)
+            stop = _optimiser_step(run, step_model, needs_w, clock)
         except _NonFinite as err:
             run.diverged = _diverged(run, err)
             break
@@ -288,7 +289,40 @@ def _train(run: _Run) -> TrainResult:
     return _finish(run, clock.t_train)
 
 
-def _optimiser_step(run: _Run, ddp: nn.Module, needs_w: bool, clock: _Clock) -> bool:
+class CompiledSteps:
+    """``module`` called through :func:`torch.compile` (inductor, static shapes), with an eager
+    fallback: when a call through the compiled module raises and the same call made eagerly
+    does not, the compiler failed (no C++ compiler on the machine, an operation it cannot
+    trace), so a :class:`RuntimeWarning` names the error once and every later call is eager.
+    An error the eager call raises too is the module's own and is raised. Only the training
+    steps go through it; evaluation stays eager. (Inductor compiles a step's backward at its
+    first use: an error there is raised, not caught.)"""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.compiled: Callable[..., Any] | None = torch.compile(module, dynamic=False)
+        self.error: str | None = None  # the compiler's error, once it failed
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.compiled is None:
+            return self.module(*args, **kwargs)
+        try:
+            return self.compiled(*args, **kwargs)
+        except Exception as err:  # the compiler's, or the module's own (then eager raises it)
+            out = self.module(*args, **kwargs)
+            self.compiled = None
+            self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            warnings.warn(
+                f"torch.compile failed ({self.error[:300]}); the training steps run eagerly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return out
+
+
+def _optimiser_step(
+    run: _Run, ddp: nn.Module | CompiledSteps, needs_w: bool, clock: _Clock
+) -> bool:
     """3. one optimiser step on this rank's share of the global batch; whether the time budget
     is spent."""
     cfg, p, acc = run.cfg, run.progress, run.progress.interval

@@ -1,0 +1,126 @@
+"""``TrainConfig(compile=True)``: the models trace into one graph, a compiled run computes what
+the eager run computes (to float32 rounding), and a compiler failure falls back to eager steps
+with a warning while the module's own errors still surface."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+from attention_atlas import bench_train
+from attention_atlas.data import TextCorpus, Vocab
+from attention_atlas.models import FiberBundleConfig, ModelConfig
+from attention_atlas.train import TrainConfig, train
+from attention_atlas.train.checkpoint import RESUMABLE_CHANGES
+from attention_atlas.train.loop import CompiledSteps
+
+torch.set_num_threads(1)
+TINY = {"dim": 16, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16}
+
+
+def _corpus(vocab: int = 20) -> TextCorpus:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (2000,), generator=g)
+    return TextCorpus("toy", ids, ids[:200], ids[:200], Vocab([chr(65 + i) for i in range(vocab)]))
+
+
+def _quiet(cfg: TrainConfig, **changes: object) -> TrainConfig:
+    return replace(cfg, progress=False, measure_flops=False, log_every=1, eval_batches=1,
+                   final_eval_batches=2, **changes)  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["dot", "euclidean", "riemannian", "fiber_bundle",
+                                     "matroidal", "mahalanobis", "ssm"])  # fmt: skip
+def test_every_trainable_model_traces_into_one_graph(variant):
+    # the profiler's phases and the embedding's id check used to cut the graph (4 graphs for
+    # dot, 17 for the Fiber Bundle Transformer); a break costs torch.compile its fusion
+    base = {"dim": 16, "n_layers": 2, "n_heads": 2, "max_len": 16, "vocab_size": 20}
+    cfg = (
+        FiberBundleConfig(**base)
+        if variant == "fiber_bundle"
+        else ModelConfig(**base, attention=variant)
+    )
+    model = cfg.build()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.randint(0, 20, (2, 16)))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_a_compiled_fiber_bundle_run_computes_what_the_eager_run_computes():
+    # chapter 4's Fiber Bundle model with its three regularisers: custom autograd nodes, the
+    # regularisers reading the forward's metric factors, the step counter the schedule reads
+    data = _corpus()
+    mcfg, tcfg = bench_train.train_setup("fiber_bundle", {**TINY, "n_layers": 1})
+    eager = train(mcfg, _quiet(tcfg, steps=3), data)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "torch.compile failed", RuntimeWarning)
+        compiled = train(mcfg, _quiet(tcfg, steps=3, compile=True), data)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+    assert compiled.record["train_config"]["compile"] is True
+    for col in ("train_loss", "val_loss"):
+        assert compiled.history[col].tolist() == pytest.approx(
+            eager.history[col].tolist(), rel=1e-4
+        )
+    for (name, a), (_, b) in zip(
+        eager.model.state_dict().items(), compiled.model.state_dict().items()
+    ):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6), name
+
+
+def test_a_compiler_failure_warns_once_and_the_run_goes_on_eagerly(monkeypatch):
+    data = _corpus()
+    cfg = _quiet(TrainConfig(steps=3, batch_size=2, seq_len=16, seed=1))
+    mcfg = ModelConfig(dim=16, n_layers=1, n_heads=2, max_len=16)
+    eager = train(mcfg, cfg, data)
+
+    def no_compiler(module, **kwargs):
+        def call(*a, **k):
+            raise RuntimeError("InductorError: no working C++ compiler found\nmore lines")
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    with pytest.warns(
+        RuntimeWarning, match="torch.compile failed .*no working C.. compiler"
+    ) as rec:
+        fallen = train(mcfg, replace(cfg, compile=True), data)
+    assert sum("torch.compile failed" in str(w.message) for w in rec) == 1
+    assert fallen.history["train_loss"].tolist() == eager.history["train_loss"].tolist()  # exact
+
+
+def test_an_error_of_the_module_itself_is_raised_not_taken_for_a_compiler_failure():
+    class Refuses(nn.Module):
+        def forward(self, x):
+            raise ValueError("inputs must be token ids")
+
+    steps = CompiledSteps(Refuses())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="inputs must be token ids"):
+            steps(torch.zeros(2))
+    assert steps.error is None and steps.compiled is not None
+
+
+def test_compile_is_a_setting_a_resumed_run_may_change():
+    assert "compile" in RESUMABLE_CHANGES and TrainConfig().compile is False
+
+
+def test_bench_train_times_compiled_steps_beside_the_eager_ones():
+    rec = bench_train.bench_train(["euclidean"], TINY, reps=2, warmup=1, profile_steps=1,
+                                  min_sample_s=0.001, data=_corpus(), compiled=True)  # fmt: skip
+    assert rec["name"] == "train-custom-compiled"
+    for v in ("dot", "euclidean"):
+        r = rec["results"][v]
+        assert r["compile_error"] is None
+        assert r["compile_speedup"] == pytest.approx(
+            r["step"]["median_s"] / r["compiled"]["median_s"]
+        )
+    table = bench_train.format_train_table(rec)
+    assert "compiled forward" in table and table.count("\n") == 7
