@@ -229,6 +229,31 @@ for shape, rec in train.items():
 viz.markdown(perf.regularizer_sentence({s: perf.regularizer_share(r) for s, r in train.items()}))
 
 # %% [markdown]
+# ## Compiled steps
+#
+# `TrainConfig(compile=True)` (or `-o compile=true` on the command line) sends each training
+# step's forward, and with it the backward, through `torch.compile`; on a CPU its backend
+# writes and compiles C++ for the elementwise work between the matrix products, and where it
+# cannot (no compiler on the machine) the steps run eagerly after a warning. It is the same
+# arithmetic in another order, so a compiled run is not bit-identical to an eager one: the
+# book's stored runs are eager. The records below time every variant's compiled step beside its
+# eager step, in the same interleaved rounds (`bench --train --compile`), where they are stored.
+
+# %%
+compiled = {
+    shape: rec
+    for shape in ("book", "long")
+    if (rec := records.get(f"train-{shape}-compiled", {}).get("cpu")) is not None
+}
+cframes = {shape: perf.compile_frame(rec) for shape, rec in compiled.items()}
+for shape, rec in compiled.items():
+    print(f"{shape} {rec['sizes']}: {perf.provenance_text(rec)}")
+    display(cframes[shape].round(2).rename_axis(f"{shape} shape"))
+if cframes:
+    viz.show(perf.compile_figure(cframes))
+viz.markdown(perf.compile_sentence(cframes))
+
+# %% [markdown]
 # ## Where a step goes
 #
 # A profile of a few steps of each variant (`torch.profiler`) splits its time into phases:

@@ -77,6 +77,27 @@ def test_goals_say_which_steps_are_within_budget_and_why_not():
     assert math.isnan(perf.train_frame(rec).loc["dot", "goal"])
 
 
+def test_compile_frame_and_sentence_read_eager_and_compiled_steps_of_one_record():
+    rec = _train({"dot": 1.0, "matroidal": 1.3, "fiber_bundle": 4.0},
+                 {"dot": 1.0, "matroidal": 1.0, "fiber_bundle": 2.5})  # fmt: skip
+    compiled = {"dot": 0.9, "matroidal": 1.0, "fiber_bundle": 3.6}  # over the eager dot step
+    for v, r in rec["results"].items():
+        r["compiled"] = {"median_s": 0.01 * compiled[v], "ratio_median": compiled[v]}
+        r["compile_speedup"] = r["step"]["median_s"] / r["compiled"]["median_s"]
+        r["compile_error"] = "InductorError: no compiler" if v == "matroidal" else None
+    f = perf.compile_frame(rec)
+    assert f.loc["fiber_bundle", "speed-up"] == pytest.approx(4.0 / 3.6)
+    assert f.loc["fiber_bundle", "compiled / compiled dot"] == pytest.approx(4.0)
+    assert f.loc["matroidal", "compiled ms"] == pytest.approx(10.0)
+    text = perf.compile_sentence({"book": f})
+    assert "by 1.11x (dot) to 1.30x (matroidal)" in text
+    assert "matroidal fell back to eager steps" in text
+    assert "4.00 eager dot steps eagerly, 3.60 compiled, and 4.00 compiled dot steps" in text
+    assert "goal (3) not met" in text
+    assert "No compiled" in perf.compile_sentence({})
+    assert len(perf.compile_figure({"book": f}).data) == 3
+
+
 def test_regularizer_share_is_the_step_excess_over_dot_and_the_profiled_phase():
     """1 - 1 / ratio from the timing (quartiles too), the phase's share from the profile, its
     counted FLOPs over the step's, against the 5% goal; None without a cofactor step."""
@@ -105,7 +126,9 @@ def test_regularizer_share_is_the_step_excess_over_dot_and_the_profiled_phase():
 
 def test_loader_shows_gpu_records_beside_cpu_ones(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
-    assert perf.load_records() == {perf.KERNEL_RECORD: {}, "train-book": {}, "train-long": {}}
+    names = [perf.KERNEL_RECORD, "train-book", "train-long", "train-book-compiled",
+             "train-long-compiled"]  # fmt: skip
+    assert perf.load_records() == {name: {} for name in names}
     for device in ("cpu", "cuda"):
         rec = bench_records.stamp(_kernels(device), started=0.0, command="bench --lengths")
         bench_records.store_bench(rec, perf.KERNEL_RECORD)

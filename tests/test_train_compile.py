@@ -124,3 +124,59 @@ def test_bench_train_times_compiled_steps_beside_the_eager_ones():
         )
     table = bench_train.format_train_table(rec)
     assert "compiled forward" in table and table.count("\n") == 7
+
+
+def _pairwise_inputs(n: int = 3, seq: int = 40, r: int = 2, d: int = 5):
+    g = torch.Generator().manual_seed(3)
+    ut = torch.randn(n, seq, r, d, dtype=torch.float64, generator=g, requires_grad=True)
+    x = torch.randn(n, 2 * seq, d, dtype=torch.float64, generator=g, requires_grad=True)
+    base = torch.randn(n, seq, seq, dtype=torch.float64, generator=g)
+    return base, ut, x
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_the_causal_pairwise_operator_is_the_eager_node_exactly(softmax):
+    # the custom operator compiled graphs call past the kept size: same forward, same backward
+    # (it recomputes the tiles' products; the node keeps them at this size)
+    from attention_atlas.attention.riemannian import pairwise as pw
+
+    base, ut, x = _pairwise_inputs()
+    a = pw._CausalPairwiseMetricTerms.apply(base.clone(), ut, x, -0.3, 16, softmax)
+    b = pw.causal_pairwise_op(base.clone(), ut, x, -0.3, 16, softmax)
+    assert torch.equal(a, b)
+    g = torch.randn(a.shape, dtype=a.dtype, generator=torch.Generator().manual_seed(4))
+    g = g if softmax else g.masked_fill(~torch.isfinite(a), 0.0)
+    for ga, gb in zip(torch.autograd.grad(a, (ut, x), g), torch.autograd.grad(b, (ut, x), g)):
+        assert torch.equal(ga, gb)
+    base_in = base.clone().requires_grad_(True)
+    checks = torch.library.opcheck(pw.causal_pairwise_op, (base_in, ut, x, -0.3, 16, softmax))
+    assert set(checks.values()) == {"SUCCESS"}
+    small = _pairwise_inputs(2, 7, 2, 3)
+    inputs = (small[0].requires_grad_(True), small[1], small[2])
+    assert torch.autograd.gradcheck(
+        lambda b_, u_, x_: pw.causal_pairwise_op(b_, u_, x_, 0.7, 4, True), inputs
+    )
+
+
+def test_compiled_scores_past_the_kept_size_take_the_operator_in_one_graph(monkeypatch):
+    from attention_atlas.attention.riemannian import pairwise as pw
+
+    monkeypatch.setattr(pw, "PAIRWISE_CHUNK", 1)  # no size keeps its products: the operator
+    g = torch.Generator().manual_seed(5)
+    U = torch.randn(2, 12, 4, 2, generator=g, requires_grad=True)
+    q, k = (torch.randn(2, 12, 4, generator=g, requires_grad=True) for _ in range(2))
+
+    def scores(U, q, k):
+        base = torch.zeros(2, 12, 12)
+        return pw.pairwise_metric_terms(U, q, k, scale=-0.5, causal=True, base=base, softmax=True)
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(scores)(U, q, k)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    eager = scores(U, q, k)
+    compiled = torch.compile(scores, dynamic=False)(U, q, k)
+    assert torch.allclose(compiled, eager, atol=1e-6)
+    w = torch.randn(eager.shape, generator=g)
+    for a, b in zip(torch.autograd.grad(eager, (U, q, k), w),
+                    torch.autograd.grad(compiled, (U, q, k), w)):  # fmt: skip
+        assert torch.allclose(a, b, atol=1e-5)

@@ -6,6 +6,7 @@ made from the command line on each kind of machine::
     python -m attention_atlas bench --lengths 256 512 1024 2048 4096 8192 16384 --store
     python -m attention_atlas bench --train --shape book --store
     python -m attention_atlas bench --train --shape long --store
+    python -m attention_atlas bench --train --compile --shape book --store   # and long
 
 This module turns them into tables and figures (:func:`kernel_frame`, :func:`train_frame`,
 :func:`phase_frame`, :func:`kernel_figure`, ...), states the step-cost goals of issue 16 against
@@ -32,6 +33,9 @@ from ..bench_train import bench_train, phase_table, step_flops
 __all__ = [
     "GOALS",
     "KERNEL_RECORD",
+    "compile_figure",
+    "compile_frame",
+    "compile_sentence",
     "LIVE_SIZES",
     "REGULARIZER_SHARE_GOAL",
     "kernel_sizes_sentence",
@@ -68,7 +72,13 @@ REGULARIZER_SHARE_GOAL = 0.05
 
 
 def load_records(
-    names: tuple[str, ...] = (KERNEL_RECORD, "train-book", "train-long"),
+    names: tuple[str, ...] = (
+        KERNEL_RECORD,
+        "train-book",
+        "train-long",
+        "train-book-compiled",
+        "train-long-compiled",
+    ),
 ) -> dict[str, dict[str, Any]]:
     """``{name: {kind: record}}`` for every stored record of ``names`` (kinds ``cpu``, ``cuda``)."""
     return {name: load_bench_kinds(name) for name in names}
@@ -349,6 +359,74 @@ def regularizer_sentence(shares: dict[str, dict[str, float] | None]) -> str:
     goal = next(r["goal"] for r in shares.values() if r is not None)
     return (
         f"The cofactor regulariser (goal: at most {100 * goal:g}% of a step): "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def compile_frame(record: dict[str, Any]) -> pd.DataFrame:
+    """One row per variant of a ``bench --train --compile`` record: the eager and the compiled
+    step (ms, medians of the same interleaved rounds), the speed-up (eager over compiled), each
+    step over the eager dot-product step, the compiled step over the compiled dot-product step,
+    the goal, and the compiler's error where the steps fell back to eager."""
+    res = record["results"]
+    dot_c = res["dot"]["compiled"]["median_s"]
+    rows = []
+    for v, r in res.items():
+        e, c = r["step"], r["compiled"]
+        rows.append({
+            "variant": v, "eager ms": 1e3 * e["median_s"], "compiled ms": 1e3 * c["median_s"],
+            "speed-up": r["compile_speedup"], "eager / dot": e["ratio_median"],
+            "compiled / eager dot": c["ratio_median"], "compiled / compiled dot": c["median_s"] / dot_c,
+            "goal": GOALS.get(v, GOALS["default"]) if v != "dot" else math.nan,
+            "fell back": r["compile_error"] or "",
+        })  # fmt: skip
+    return pd.DataFrame(rows).set_index("variant")
+
+
+def compile_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
+    """Each variant's step over the eager dot-product step, eager and compiled, one group per
+    shape (``{shape: compile_frame}``), with the goals as markers."""
+    fig = go.Figure()
+    for shape, df in frames.items():
+        for col, label in (("eager / dot", "eager"), ("compiled / eager dot", "compiled")):
+            fig.add_trace(go.Bar(x=df.index, y=df[col], name=f"{label}, {shape}"))
+    df0 = next(iter(frames.values()))
+    fig.add_trace(go.Scatter(x=df0.index, y=df0["goal"], mode="markers", name="goal",
+                             marker={"symbol": "line-ew-open", "size": 24, "line": {"width": 3}}))  # fmt: skip
+    fig.update_yaxes(type="log", title="ratio to the eager dot-product step")
+    fig.update_layout(barmode="group", title="Training steps, eager and through torch.compile")
+    return fig
+
+
+def compile_sentence(frames: dict[str, pd.DataFrame]) -> str:
+    """:func:`compile_frame` per shape (``{shape: frame}``) in words: the range of the
+    speed-ups, the variants that fell back, and the Fiber Bundle Transformer's step against its
+    goal, eager and compiled."""
+    if not frames:
+        return "No compiled training-step record is stored."
+    parts = []
+    for shape, f in frames.items():
+        sp = f["speed-up"]
+        text = (
+            f"at the {shape} shape compiling speeds the steps up by {sp.min():.2f}x "
+            f"({sp.idxmin()}) to {sp.max():.2f}x ({sp.idxmax()})"
+        )
+        fell = [str(v) for v in f.index if f.loc[v, "fell back"]]
+        if fell:
+            text += f"; {', '.join(fell)} fell back to eager steps"
+        if "fiber_bundle" in f.index:
+            row, goal = f.loc["fiber_bundle"], GOALS["fiber_bundle"]
+            both = row["compiled / compiled dot"]
+            text += (
+                f"; the Fiber Bundle Transformer's step is {row['eager / dot']:.2f} eager dot "
+                f"steps eagerly, {row['compiled / eager dot']:.2f} compiled, and {both:.2f} "
+                f"compiled dot steps with both compiled: goal ({goal:g}) "
+                f"{'met' if both <= goal else 'not met'}"
+            )
+        parts.append(text)
+    return (
+        "With `TrainConfig(compile=True)` (the forward through `torch.compile`): "
         + "; ".join(parts)
         + "."
     )

@@ -13,6 +13,8 @@ come from here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -142,60 +144,140 @@ class _CausalPairwiseMetricTerms(torch.autograd.Function):
     def forward(
         ctx, base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int, softmax: bool
     ) -> Tensor:  # type: ignore[override]
-        n, seq, r, _ = ut.shape
-        tiles = _causal_tiles(n, seq, r, block)
-        keep = n * r * seq * (seq + block) <= 4 * PAIRWISE_CHUNK  # store the products, or
-        kept = []  # recompute them in the backward (past the caches)
-        for sl, t0, t1 in tiles:
-            g = _tile_products(ut, x, sl, t0, t1)[0]
-            if keep:
-                kept.append(g)
-                dsq = torch.linalg.vecdot(g, g, dim=2).mul_(scale)  # (m, b, W)
-            else:
-                dsq = g.square_().sum(2).mul_(scale)
-            nq = seq - t0
-            base[sl, t0:t1, :t1] += dsq[..., nq:]  # |U_i^T (q_i - k_j)|^2, i in the block
-            base[sl, t0:, t0:t1] += dsq[..., :nq].transpose(1, 2)  # |U_j^T (q_i - k_j)|^2
-        base.masked_fill_(_above_diagonal(seq, base.device), float("-inf"))
+        keep = _keeps_products(ut, block)  # store the products, or recompute them
+        out, kept = _causal_forward(base, ut, x, scale, block, softmax, keep)
         ctx.scale, ctx.block, ctx.softmax = scale, block, softmax
         ctx.kept = len(kept)
         if softmax:
-            probs = torch.softmax(base, -1)
-            ctx.save_for_backward(ut, x, *kept, probs)
-            return probs
+            ctx.save_for_backward(ut, x, *kept, out)
+            return out
         ctx.mark_dirty(base)
         ctx.save_for_backward(ut, x, *kept)
-        return base
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:  # type: ignore[override]
         ut, x, *rest = ctx.saved_tensors
         kept = rest[: ctx.kept]
-        n, seq, r, d = ut.shape
-        if ctx.softmax:
-            d_base = torch._softmax_backward_data(grad, rest[-1], -1, rest[-1].dtype)
-        else:
-            d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
-        d_ut, d_x = torch.empty_like(ut), torch.zeros_like(x)
-        for i, (sl, t0, t1) in enumerate(_causal_tiles(n, seq, r, ctx.block)):
-            nq = seq - t0
-            dd = torch.cat([d_base[sl, t0:, t0:t1].transpose(1, 2), d_base[sl, t0:t1, :t1]], -1)
-            dd = dd.mul_(2.0 * ctx.scale).unsqueeze(2)
-            if kept:  # dG = 2 scale (G - c) dD
-                dg = kept[i] * dd  # (m, b, r, W)
-            else:
-                dg = _tile_products(ut, x, sl, t0, t1)[0].mul_(dd)
-            m, b = dg.shape[:2]
-            d_ck, d_cq = -dg[..., :nq].sum(-1), -dg[..., nq:].sum(-1)  # (m, b, r)
-            own_k, own_q = _own_columns(dg, nq, t0, b)  # the centres' entries
-            own_k.add_(d_ck.transpose(1, 2))
-            own_q.add_(d_cq.transpose(1, 2))
-            flat = dg.view(m, b * r, -1)
-            d_ut[sl, t0:t1] = torch.bmm(flat, x[sl, t0 : seq + t1]).view(m, b, r, d)
-            d_x[sl, t0 : seq + t1] += torch.bmm(
-                flat.transpose(1, 2), ut[sl, t0:t1].reshape(m, b * r, d)
-            )
+        probs = rest[-1] if ctx.softmax else None
+        d_base, d_ut, d_x = _causal_backward(
+            grad, ut, x, kept, probs, ctx.scale, ctx.block, ctx.softmax
+        )
         return d_base, d_ut, d_x, None, None, None
+
+
+def _keeps_products(ut: Tensor, block: int) -> bool:
+    """Whether :class:`_CausalPairwiseMetricTerms` keeps its tiles' products for the backward:
+    while all of them hold at most ``4 PAIRWISE_CHUNK`` numbers (they stay in the caches)."""
+    n, seq, r, _ = ut.shape
+    return n * r * seq * (seq + block) <= 4 * PAIRWISE_CHUNK
+
+
+def _causal_forward(
+    base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int, softmax: bool, keep: bool
+) -> tuple[Tensor, list[Tensor]]:
+    """:class:`_CausalPairwiseMetricTerms`' forward: the scores written into ``base`` (or their
+    softmax, a new tensor), and the tiles' products when ``keep`` (else none are kept)."""
+    n, seq, r, _ = ut.shape
+    kept = []
+    for sl, t0, t1 in _causal_tiles(n, seq, r, block):
+        g = _tile_products(ut, x, sl, t0, t1)[0]
+        if keep:
+            kept.append(g)
+            dsq = torch.linalg.vecdot(g, g, dim=2).mul_(scale)  # (m, b, W)
+        else:
+            dsq = g.square_().sum(2).mul_(scale)
+        nq = seq - t0
+        base[sl, t0:t1, :t1] += dsq[..., nq:]  # |U_i^T (q_i - k_j)|^2, i in the block
+        base[sl, t0:, t0:t1] += dsq[..., :nq].transpose(1, 2)  # |U_j^T (q_i - k_j)|^2
+    base.masked_fill_(_above_diagonal(seq, base.device), float("-inf"))
+    return (torch.softmax(base, -1) if softmax else base), kept
+
+
+def _causal_backward(
+    grad: Tensor, ut: Tensor, x: Tensor, kept: list[Tensor], probs: Tensor | None, scale: float,
+    block: int, softmax: bool,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """:class:`_CausalPairwiseMetricTerms`' backward: ``(d_base, d_ut, d_x)``, the tiles'
+    products from ``kept`` or recomputed; ``probs`` is the forward's output for ``softmax``."""
+    n, seq, r, d = ut.shape
+    if softmax:
+        assert probs is not None
+        d_base = torch._softmax_backward_data(grad, probs, -1, probs.dtype)
+    else:
+        d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
+    d_ut, d_x = torch.empty_like(ut), torch.zeros_like(x)
+    for i, (sl, t0, t1) in enumerate(_causal_tiles(n, seq, r, block)):
+        nq = seq - t0
+        dd = torch.cat([d_base[sl, t0:, t0:t1].transpose(1, 2), d_base[sl, t0:t1, :t1]], -1)
+        dd = dd.mul_(2.0 * scale).unsqueeze(2)
+        if kept:  # dG = 2 scale (G - c) dD
+            dg = kept[i] * dd  # (m, b, r, W)
+        else:
+            dg = _tile_products(ut, x, sl, t0, t1)[0].mul_(dd)
+        m, b = dg.shape[:2]
+        d_ck, d_cq = -dg[..., :nq].sum(-1), -dg[..., nq:].sum(-1)  # (m, b, r)
+        own_k, own_q = _own_columns(dg, nq, t0, b)  # the centres' entries
+        own_k.add_(d_ck.transpose(1, 2))
+        own_q.add_(d_cq.transpose(1, 2))
+        flat = dg.view(m, b * r, -1)
+        d_ut[sl, t0:t1] = torch.bmm(flat, x[sl, t0 : seq + t1]).view(m, b, r, d)
+        d_x[sl, t0 : seq + t1] += torch.bmm(
+            flat.transpose(1, 2), ut[sl, t0:t1].reshape(m, b * r, d)
+        )
+    return d_base, d_ut, d_x
+
+
+# Under torch.compile, where the products are too many to keep, the same computation is one
+# opaque operator with its backward (both recompute the tiles' products, as the eager node does
+# at those sizes): traced, its Python loops over tiles and batch slices would be unrolled (at
+# chapter 4's long shape some two hundred products and their elementwise passes, and minutes
+# of compiling), for no gain, each tile being one product and a few passes already. Where the
+# products are kept (a few tiles), the node is traced; eagerly it runs as it always has.
+
+
+@torch.library.custom_op("attention_atlas::causal_pairwise_terms", mutates_args=())
+def causal_pairwise_op(
+    base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int, softmax: bool
+) -> Tensor:
+    """:class:`_CausalPairwiseMetricTerms` as a custom operator (for ``torch.compile``): the
+    scores (or their softmax) as a new tensor; ``base`` is not written to."""
+    return _causal_forward(base.clone(), ut, x, scale, block, softmax, keep=False)[0]
+
+
+@causal_pairwise_op.register_fake
+def _(base: Tensor, ut: Tensor, x: Tensor, scale: float, block: int, softmax: bool) -> Tensor:
+    return torch.empty_like(base)
+
+
+@torch.library.custom_op("attention_atlas::causal_pairwise_terms_backward", mutates_args=())
+def causal_pairwise_backward_op(
+    grad: Tensor, ut: Tensor, x: Tensor, out: Tensor, scale: float, block: int, softmax: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of :func:`causal_pairwise_op`: ``(d_base, d_ut, d_x)``."""
+    return _causal_backward(grad, ut, x, [], out if softmax else None, scale, block, softmax)
+
+
+@causal_pairwise_backward_op.register_fake
+def _(
+    grad: Tensor, ut: Tensor, x: Tensor, out: Tensor, scale: float, block: int, softmax: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(grad), torch.empty_like(ut), torch.empty_like(x)
+
+
+def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    _, ut, x, scale, block, softmax = inputs
+    ctx.save_for_backward(ut, x, output)
+    ctx.consts = (scale, block, softmax)
+
+
+def _op_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+    ut, x, out = ctx.saved_tensors
+    d_base, d_ut, d_x = causal_pairwise_backward_op(grad, ut, x, out, *ctx.consts)
+    return d_base, d_ut, d_x, None, None, None
+
+
+causal_pairwise_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
 def _above_diagonal(seq: int, device: torch.device) -> Tensor:
@@ -238,7 +320,9 @@ def pairwise_metric_terms(
             raise ValueError(
                 f"base must have shape {(ut.shape[0], seq, seq)}, got {tuple(acc.shape)}"
             )
-        out = _CausalPairwiseMetricTerms.apply(acc, ut, x, float(scale), CAUSAL_BLOCK, softmax)
+        opaque = torch.compiler.is_compiling() and not _keeps_products(ut, CAUSAL_BLOCK)
+        apply = causal_pairwise_op if opaque else _CausalPairwiseMetricTerms.apply
+        out = apply(acc, ut, x, float(scale), CAUSAL_BLOCK, softmax)
         return out.view(*batch, seq, seq)
     if base is not None or softmax:
         raise ValueError("base and softmax are only taken with causal=True")
