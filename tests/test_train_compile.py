@@ -17,7 +17,7 @@ from attention_atlas.data import TextCorpus, Vocab
 from attention_atlas.models import FiberBundleConfig, ModelConfig
 from attention_atlas.train import TrainConfig, train
 from attention_atlas.train.checkpoint import RESUMABLE_CHANGES
-from attention_atlas.train.loop import CompiledSteps
+from attention_atlas.train.compiled import CompiledSteps
 
 torch.set_num_threads(1)
 TINY = {"dim": 16, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16}

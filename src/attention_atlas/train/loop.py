@@ -32,6 +32,7 @@ from .checkpoint import (
     save_checkpoint,
     seed_everything,
 )
+from .compiled import CompiledSteps
 from .config import TrainConfig, check_model, check_run
 from .ddp import init_process_group, rank_world
 from .evaluate import cross_entropy, diagnostics, eval_batches, evaluate
@@ -39,7 +40,7 @@ from .flops import measure_flops
 from .optim import lr_at, lr_at_time, param_groups
 from .provenance import git_commit, versions
 
-__all__ = ["CompiledSteps", "TrainResult", "train"]
+__all__ = ["TrainResult", "train"]
 
 Callback = Callable[[int, dict[str, Any]], None]
 
@@ -287,37 +288,6 @@ def _train(run: _Run) -> TrainResult:
             clock.t_interval += time.perf_counter() - t_ck
     bar.close()
     return _finish(run, clock.t_train)
-
-
-class CompiledSteps:
-    """``module`` called through :func:`torch.compile` (inductor, static shapes), with an eager
-    fallback: when a call through the compiled module raises and the same call made eagerly
-    does not, the compiler failed (no C++ compiler on the machine, an operation it cannot
-    trace), so a :class:`RuntimeWarning` names the error once and every later call is eager.
-    An error the eager call raises too is the module's own and is raised. Only the training
-    steps go through it; evaluation stays eager. (Inductor compiles a step's backward at its
-    first use: an error there is raised, not caught.)"""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self.compiled: Callable[..., Any] | None = torch.compile(module, dynamic=False)
-        self.error: str | None = None  # the compiler's error, once it failed
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.compiled is None:
-            return self.module(*args, **kwargs)
-        try:
-            return self.compiled(*args, **kwargs)
-        except Exception as err:  # the compiler's, or the module's own (then eager raises it)
-            out = self.module(*args, **kwargs)
-            self.compiled = None
-            self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            warnings.warn(
-                f"torch.compile failed ({self.error[:300]}); the training steps run eagerly",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return out
 
 
 def _optimiser_step(
