@@ -9,26 +9,20 @@ import statistics
 
 import pytest
 import torch
+from data_helpers import toy_corpus
 
 from attention_atlas import bench_records, bench_scaling, bench_train
 from attention_atlas.attention.riemannian.regularizers import TERMS
-from attention_atlas.data import TextCorpus, Vocab
 from attention_atlas.train import measure_flops
 
 torch.set_num_threads(1)
 TINY = {"dim": 16, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16}
 
 
-def _corpus(vocab: int = 50) -> TextCorpus:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (2000,), generator=g)
-    return TextCorpus("toy", ids, ids[:200], ids[:200], Vocab([chr(65 + i) for i in range(vocab)]))
-
-
 @pytest.mark.parametrize("variant", ["dot", "fiber_bundle", "cofactor"])
 def test_phase_flops_add_up_to_the_model_flops_of_a_step(variant):
     # every matrix product of the model's forward and backward is charged to exactly one phase
-    run = bench_train._build_run(variant, TINY, _corpus(), seed=0)
+    run = bench_train._build_run(variant, TINY, toy_corpus(), seed=0)
     step = bench_train._step_fn(run)
     phases = bench_train.profile_phases(step, run.model, steps=1)
     x, y = bench_train._peek_batch(run)
@@ -52,7 +46,7 @@ def test_cofactor_step_counts_the_products_of_its_closed_form_and_no_factorisati
     """A decoder's regularised heads take the closed form: no LU estimate is added, and the
     regulariser's phase holds exactly its three products, the logits forward and two backward
     (2 n^2 d FLOPs each), for batch x layers x 1 head matrices."""
-    run = bench_train._build_run("cofactor", TINY, _corpus(), seed=0)
+    run = bench_train._build_run("cofactor", TINY, toy_corpus(), seed=0)
     assert bench_train._model_flops(run)["regularizer_estimate"] == 0
     phases = bench_train.profile_phases(bench_train._step_fn(run), run.model, steps=1)
     n, d = TINY["seq_len"], TINY["dim"] // TINY["n_heads"]
@@ -79,7 +73,7 @@ def test_train_setup_is_chapter_4s_fbt_and_chapter_6s_regulariser():
 
 def test_bench_train_record_times_every_variant_against_dot():
     rec = bench_train.bench_train(["euclidean"], TINY, reps=2, warmup=1, profile_steps=1,
-                                  min_sample_s=0.001, data=_corpus())  # fmt: skip
+                                  min_sample_s=0.001, data=toy_corpus())  # fmt: skip
     assert list(rec["results"]) == ["dot", "euclidean"]
     dot, euc = rec["results"]["dot"]["step"], rec["results"]["euclidean"]["step"]
     assert dot["ratio_median"] == 1.0

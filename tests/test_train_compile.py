@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 import torch._dynamo
+from data_helpers import toy_corpus
 from torch import nn
 
 from attention_atlas import bench_train
-from attention_atlas.data import TextCorpus, Vocab
 from attention_atlas.models import FiberBundleConfig, ModelConfig
 from attention_atlas.train import TrainConfig, train
 from attention_atlas.train.checkpoint import RESUMABLE_CHANGES
@@ -21,12 +21,6 @@ from attention_atlas.train.compiled import CompiledSteps
 
 torch.set_num_threads(1)
 TINY = {"dim": 16, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16}
-
-
-def _corpus(vocab: int = 20) -> TextCorpus:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (2000,), generator=g)
-    return TextCorpus("toy", ids, ids[:200], ids[:200], Vocab([chr(65 + i) for i in range(vocab)]))
 
 
 def _quiet(cfg: TrainConfig, **changes: object) -> TrainConfig:
@@ -54,7 +48,7 @@ def test_every_trainable_model_traces_into_one_graph(variant):
 def test_a_compiled_fiber_bundle_run_computes_what_the_eager_run_computes():
     # chapter 4's Fiber Bundle model with its three regularisers: custom autograd nodes, the
     # regularisers reading the forward's metric factors, the step counter the schedule reads
-    data = _corpus()
+    data = toy_corpus(20)
     mcfg, tcfg = bench_train.train_setup("fiber_bundle", {**TINY, "n_layers": 1})
     eager = train(mcfg, _quiet(tcfg, steps=3), data)
     torch._dynamo.reset()
@@ -75,7 +69,7 @@ def test_a_compiled_fiber_bundle_run_computes_what_the_eager_run_computes():
 
 
 def test_a_compiler_failure_warns_once_and_the_run_goes_on_eagerly(monkeypatch):
-    data = _corpus()
+    data = toy_corpus(20)
     cfg = _quiet(TrainConfig(steps=3, batch_size=2, seq_len=16, seed=1))
     mcfg = ModelConfig(dim=16, n_layers=1, n_heads=2, max_len=16)
     eager = train(mcfg, cfg, data)
@@ -114,7 +108,7 @@ def test_compile_is_a_setting_a_resumed_run_may_change():
 
 def test_bench_train_times_compiled_steps_beside_the_eager_ones():
     rec = bench_train.bench_train(["euclidean"], TINY, reps=2, warmup=1, profile_steps=1,
-                                  min_sample_s=0.001, data=_corpus(), compiled=True)  # fmt: skip
+                                  min_sample_s=0.001, data=toy_corpus(20), compiled=True)  # fmt: skip
     assert rec["name"] == "train-custom-compiled"
     for v in ("dot", "euclidean"):
         r = rec["results"][v]

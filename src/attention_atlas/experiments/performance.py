@@ -172,11 +172,18 @@ def train_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
         ))  # fmt: skip
         fig.add_trace(go.Scatter(x=df.index, y=df["FLOP ratio"], mode="markers",
                                  name=f"FLOPs, {shape}", marker={"symbol": "diamond", "size": 9}))  # fmt: skip
+    return _with_goals(fig, frames, "ratio to the dot-product step",
+                       "One training step against dot-product attention")  # fmt: skip
+
+
+def _with_goals(fig: go.Figure, frames: dict[str, pd.DataFrame], y: str, title: str) -> go.Figure:
+    """``fig`` with each variant's goal as a marker (from the first frame's ``goal`` column),
+    grouped bars, a log y axis titled ``y`` and the ``title``."""
     df0 = next(iter(frames.values()))
     fig.add_trace(go.Scatter(x=df0.index, y=df0["goal"], mode="markers", name="goal",
                              marker={"symbol": "line-ew-open", "size": 24, "line": {"width": 3}}))  # fmt: skip
-    fig.update_yaxes(type="log", title="ratio to the dot-product step")
-    fig.update_layout(barmode="group", title="One training step against dot-product attention")
+    fig.update_yaxes(type="log", title=y)
+    fig.update_layout(barmode="group", title=title)
     return fig
 
 
@@ -391,12 +398,8 @@ def compile_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
     for shape, df in frames.items():
         for col, label in (("eager / dot", "eager"), ("compiled / eager dot", "compiled")):
             fig.add_trace(go.Bar(x=df.index, y=df[col], name=f"{label}, {shape}"))
-    df0 = next(iter(frames.values()))
-    fig.add_trace(go.Scatter(x=df0.index, y=df0["goal"], mode="markers", name="goal",
-                             marker={"symbol": "line-ew-open", "size": 24, "line": {"width": 3}}))  # fmt: skip
-    fig.update_yaxes(type="log", title="ratio to the eager dot-product step")
-    fig.update_layout(barmode="group", title="Training steps, eager and through torch.compile")
-    return fig
+    return _with_goals(fig, frames, "ratio to the eager dot-product step",
+                       "Training steps, eager and through torch.compile")  # fmt: skip
 
 
 def compile_sentence(frames: dict[str, pd.DataFrame]) -> str:
