@@ -77,6 +77,19 @@ def test_regularised_arm_gets_the_steps_of_equal_training_flops():
     np.testing.assert_allclose(
         table["extra fraction"], table["regulariser FLOPs"] / table["baseline step FLOPs"]
     )
+    # the path's count: the heads' logits (2 n^2 d) and their two backward products (4 n^2 d)
+    # per matrix, by hand; the LU only on the bidirectional digits heads
+    for task in table.task:
+        cfg = grid[f"{task}_baseline"]
+        n = 16 if task == "digits" else exp.PRESETS["smoke"]["lm_seq_len"]
+        d = cfg["model"]["dim"] // cfg["model"]["n_heads"]
+        mats = cfg["flops"]["matrices"]
+        lu = mats * cofactor_flops(n) if task == "digits" else 0
+        path = table.set_index("task").loc[task]
+        assert path["of which LU"] == lu
+        assert path["regulariser FLOPs (path)"] == mats * 6 * n * n * d + lu
+        f = cfg["flops"]["step"]
+        assert path["regularised steps (path)"] == round(1000 * f / (f + mats * 6 * n * n * d + lu))
 
 
 @pytest.mark.parametrize("config", ["digits_cofactor", "lm_baseline"])
