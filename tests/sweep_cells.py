@@ -17,6 +17,8 @@ from typing import Any
 
 from attention_atlas.experiments import toy
 
+_TOY_CELL = toy.run_cell  # the toy cell itself, even where a test puts another in its place
+
 
 def mark_start(params: dict[str, Any], seed: int) -> Path | None:
     """Write ``<marks>/dim-<D>_seed<seed>_pid<pid>_<ns>.start`` if ``$SWEEP_TEST_MARKS`` is set."""
@@ -52,3 +54,11 @@ def starts(marks: Path) -> dict[tuple[int, int], list[int]]:
         dim, seed, pid, ns = p.stem.split("_")
         out.setdefault((int(dim[4:]), int(seed[4:])), []).append((int(ns), int(pid[3:])))
     return {k: [pid for _, pid in sorted(v)] for k, v in out.items()}
+
+
+def compile_aware_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The toy cell plus ``compiled_steps``: 1.0 when it ran inside
+    :func:`~attention_atlas.train.compiled.compiled_training` (``sweep --compile``), else 0.0."""
+    from attention_atlas.train.compiled import compiling
+
+    return {**_TOY_CELL(params, seed), "compiled_steps": float(compiling() is not None)}

@@ -130,6 +130,31 @@ def test_verify_reproduces_stored_cells_exactly_and_catches_a_changed_one(store:
     assert bad[0].detail.startswith("history.loss[2]: ")
 
 
+def test_a_compiled_sweep_says_so_and_verify_re_runs_it_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sweep_cells import compile_aware_cell
+
+    monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
+    monkeypatch.setattr(toy, "run_cell", compile_aware_cell)  # what verify re-runs, in-process
+    run_experiment("toy", preset="smoke", seeds=[0], log=None, progress=False, compile=True)
+    grid = results.load_grid("toy", "smoke")
+    recs = list(grid.records.values())
+    assert recs and all(r["compiled_steps"] == 1.0 for r in recs)
+    assert all(r["provenance"]["compile"] is True for r in recs)
+    assert all(r["provenance"]["compile_fallbacks"] == [] for r in recs)
+    assert all(r["provenance"]["command"].endswith(" --compile") for r in recs)
+    assert "compiled steps" in grid.provenance.text
+    assert {o.status for o in results.verify(5, experiment="toy", log=None)} == {"exact"}
+    for path in sorted((tmp_path / "toy" / "smoke" / "cells").glob("*.json")):
+        rec = json.loads(path.read_text())  # the same records, as if made eagerly
+        rec["provenance"]["compile"] = False
+        path.write_text(json.dumps(rec))
+    again = results.verify(5, experiment="toy", log=None)
+    assert {o.status for o in again} == {"differs"}
+    assert all(o.detail.startswith("compiled_steps: 1.0 stored, 0.0 re-run") for o in again)
+
+
 def test_verify_re_runs_the_committed_toy_cell() -> None:
     """CI: the stored toy grid in results/ reproduces (exactly on the CPU that made it)."""
     grid = results.load_grid("toy", "book", root=REPO / "results")

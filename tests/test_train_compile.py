@@ -17,7 +17,7 @@ from attention_atlas import bench_train
 from attention_atlas.models import FiberBundleConfig, ModelConfig
 from attention_atlas.train import TrainConfig, train
 from attention_atlas.train.checkpoint import RESUMABLE_CHANGES
-from attention_atlas.train.compiled import CompiledSteps
+from attention_atlas.train.compiled import CompiledSteps, compiled_training, compiling
 
 torch.set_num_threads(1)
 TINY = {"dim": 16, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16}
@@ -87,6 +87,39 @@ def test_a_compiler_failure_warns_once_and_the_run_goes_on_eagerly(monkeypatch):
         fallen = train(mcfg, replace(cfg, compile=True), data)
     assert sum("torch.compile failed" in str(w.message) for w in rec) == 1
     assert fallen.history["train_loss"].tolist() == eager.history["train_loss"].tolist()  # exact
+
+
+def test_compiled_training_compiles_every_run_inside_it_and_collects_fallbacks(monkeypatch):
+    # what `sweep --compile` wraps each cell in: runs whose config says compile=False compile
+    data = toy_corpus(20)
+    cfg = _quiet(TrainConfig(steps=2, batch_size=2, seq_len=16, seed=3))
+    mcfg = ModelConfig(dim=16, n_layers=1, n_heads=2, max_len=16)
+    assert compiling() is None
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with compiled_training() as state:
+        assert compiling() is state
+        inside = train(mcfg, cfg, data)
+    assert compiling() is None and state is not None and state.fallbacks == []
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+    assert inside.record["train_config"]["compile"] is True
+    with compiled_training(False) as off:  # off: nothing changes
+        assert off is None and compiling() is None
+        assert train(mcfg, cfg, data).record["train_config"]["compile"] is False
+
+    def no_compiler(module, **kwargs):
+        def call(*a, **k):
+            raise RuntimeError("InductorError: no working C++ compiler found")
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        with compiled_training() as state:
+            train(mcfg, cfg, data)
+            train(mcfg, cfg, data)
+    assert state is not None and len(state.fallbacks) == 2
+    assert all("no working C++ compiler" in f for f in state.fallbacks)
 
 
 def test_an_error_of_the_module_itself_is_raised_not_taken_for_a_compiler_failure():

@@ -103,7 +103,7 @@ class Provenance:
     commands: tuple[str, ...]  #: the distinct commands that made the cells, first first
     commits: tuple[str, ...]  #: short commits (``-dirty`` when made with uncommitted changes)
     dates: tuple[str, ...]  #: first and last day a cell finished (UTC)
-    devices: tuple[str, ...]  #: ``GPU <name>``, or ``CPU <model>, <n> thread(s)``
+    devices: tuple[str, ...]  #: ``GPU <name>`` or ``CPU <model>, <n> thread(s)`` (+ compile)
     n_cells: int
     compute_seconds: float  #: sum of the cells' wall times
 
@@ -120,8 +120,9 @@ class Provenance:
         commits = [(p["git_commit"] or "")[:7] + ("-dirty" if p.get("git_dirty") else "")
                    for p in provs if p.get("git_commit")]  # fmt: skip
         days = sorted(str(p["finished"])[:10] for p in provs if p.get("finished"))
-        devices = [f"GPU {p.get('gpu')}" if p.get("device") == "cuda" else
-                   f"CPU {p.get('cpu', '?')}, {p.get('threads', '?')} thread(s)" for p in provs]  # fmt: skip
+        devices = [(f"GPU {p.get('gpu')}" if p.get("device") == "cuda" else
+                    f"CPU {p.get('cpu', '?')}, {p.get('threads', '?')} thread(s)")
+                   + (", compiled steps" if p.get("compile") else "") for p in provs]  # fmt: skip
         return cls(source, experiment, preset, str(folder), unique([p.get("command") for p in provs]),
                    unique(commits), unique([days[0], days[-1]] if days else []), unique(devices),
                    len(records), float(sum(r.get("cell_seconds", 0.0) for r in records)))  # fmt: skip

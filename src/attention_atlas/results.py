@@ -338,18 +338,19 @@ def _hide_gpus() -> None:
 
 
 def _rerun(
-    run_cell: Any, params: dict[str, Any], seed: int, threads: int, hide_gpus: bool
-) -> dict[str, Any]:
+    run_cell: Any, params: dict[str, Any], seed: int, threads: int, hide_gpus: bool,
+    compile: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     from .sweep_backends import execute_cell
 
     if not hide_gpus:
-        return execute_cell(run_cell, params, seed, threads)
+        return execute_cell(run_cell, params, seed, threads, compile)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=ctx, initializer=_hide_gpus) as pool:
-        return dict(pool.submit(execute_cell, run_cell, params, seed, threads).result())
+        return dict(pool.submit(execute_cell, run_cell, params, seed, threads, compile).result())
 
 
 def verify(
@@ -368,7 +369,8 @@ def verify(
     A cell made on the CPU is re-run on the CPU (a GPU here is hidden from it) at its thread
     count; it must reproduce exactly when this CPU model and torch version are those that made
     it, else within ``rtol``. A cell made on a GPU is re-run on a GPU (skipped without one) and
-    must agree within ``rtol``.
+    must agree within ``rtol``. A cell made with compiled steps (``sweep --compile``) is re-run
+    compiled.
     """
     import torch
 
@@ -391,7 +393,8 @@ def verify(
             outcomes.append(Verified(path, "skipped", f"made on {prov.get('gpu')}; no GPU here"))
         else:
             out = _rerun(mod.run_cell, rec["params"], rec["seed"], int(prov.get("threads") or 1),
-                         hide_gpus=not on_gpu and torch.cuda.is_available())  # fmt: skip
+                         hide_gpus=not on_gpu and torch.cuda.is_available(),
+                         compile=bool(prov.get("compile")))  # fmt: skip
             env = out["environment"]
             exact = not on_gpu and prov.get("threads") == 1 and env["cpu"] == prov.get("cpu") and \
                 env["versions"]["torch"] == prov.get("versions", {}).get("torch")  # fmt: skip

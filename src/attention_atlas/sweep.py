@@ -113,6 +113,7 @@ def run_sweep(
     provenance: Mapping[str, Any] | None = None,
     max_attempts: int = 3,
     stale_after: float = 300.0,
+    compile: bool = False,
 ) -> pd.DataFrame:
     """Run every cell not already finished under ``out_dir``; return all their results.
 
@@ -131,6 +132,9 @@ def run_sweep(
         provenance: ``command``, ``experiment``, ``preset`` stored in each record.
         max_attempts: runs of one cell whose worker died before it is given up.
         stale_after: seconds without a heartbeat after which another runner's lock is stale.
+        compile: the cells' training steps through ``torch.compile``
+            (:func:`~attention_atlas.train.compiled.compiled_training`; not part of a cell's key:
+            its record says ``compile``, and ``results verify`` re-runs it compiled).
 
     Returns:
         The results of ``cells`` (in order), with columns ``config``, ``seed``, ``key``,
@@ -164,8 +168,8 @@ def run_sweep(
     exe = make_backend(backend, workers, address, threads, gpus_per_cell)
     ok = False
     try:
-        n_run = _drive(todo, run_cell, exe, locks, root, context, resume, threads, max_attempts,
-                       bar, say)  # fmt: skip
+        n_run = _drive(todo, run_cell, exe, locks, root, context, resume, (threads, compile),
+                       max_attempts, bar, say)  # fmt: skip
         ok = True
     finally:
         exe.close(abort=not ok)
@@ -190,13 +194,14 @@ def _drive(
     root: Path,
     context: dict[str, Any],
     resume: bool,
-    threads: int | None,
+    how: tuple[int | None, bool],
     max_attempts: int,
     bar: Any,
     say: Callable[[str], None],
 ) -> int:
     """Submit cells as capacity allows, write each record as it returns; cells locked by
-    another runner wait until it finishes them (or its lock goes stale). Returns cells run."""
+    another runner wait until it finishes them (or its lock goes stale); ``how`` is ``(threads,
+    compile)`` of :func:`~attention_atlas.sweep_backends.execute_cell`. Returns cells run."""
     pending = deque(todo)
     waiting: list[tuple[Cell, str]] = []
     inflight: dict[Any, tuple[Cell, str]] = {}
@@ -213,7 +218,7 @@ def _drive(
                 locks.release(key)
                 bar.update(1)
             else:
-                inflight[exe.submit(execute_cell, run_cell, cell.params, cell.seed, threads)] = (cell, key)  # fmt: skip
+                inflight[exe.submit(execute_cell, run_cell, cell.params, cell.seed, *how)] = (cell, key)  # fmt: skip
         if not inflight:
             if waiting:
                 time.sleep(0.5)
@@ -289,6 +294,7 @@ def sweep_command(
     *,
     only: Sequence[str] | None = None,
     out: str | Path | None = None,
+    compile: bool = False,
 ) -> str:
     """The ``python -m attention_atlas sweep`` line that runs this grid: ``-p`` for each of
     ``params`` that differs from the preset (or ``chapter_grid``'s default)."""
@@ -308,7 +314,7 @@ def sweep_command(
         parts += ["--only", *only]
     if out is not None:
         parts += ["--out", shlex.quote(str(out))]
-    return " ".join(parts)
+    return " ".join(parts + (["--compile"] if compile else []))
 
 
 def run_experiment(
@@ -336,7 +342,8 @@ def run_experiment(
     out = Path(out_dir) if out_dir is not None else store_dir(name, preset)
     default_out = out_dir is None or out.resolve() == store_dir(name, preset).resolve()
     command = sweep_command(name, preset, kwargs, seeds, only=only,
-                            out=None if default_out or not command_out else out_dir)  # fmt: skip
+                            out=None if default_out or not command_out else out_dir,
+                            compile=bool(sweep_kwargs.get("compile")))  # fmt: skip
     update_manifest(out, experiment=name, preset=preset, params=kwargs, configs=grid, seeds=seeds)
     prov = {"command": command, "experiment": name, "preset": preset}
     return run_sweep(make_cells(run, seeds), mod.run_cell, out, provenance=prov, **sweep_kwargs)
@@ -392,6 +399,8 @@ def _add_backend_arguments(p: Any) -> None:
     g.add_argument("--threads", type=int, default=1,
                    help="torch threads per cell, and its CPU request on Dask (default 1)")  # fmt: skip
     g.add_argument("--gpus-per-cell", type=int, default=0, help="GPU request per cell on Dask")
+    g.add_argument("--compile", action="store_true",
+                   help="training steps through torch.compile (faster on CPU, other rounding)")  # fmt: skip
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -475,5 +484,5 @@ def _run_grid_from_cli(args: Any, kwargs: dict[str, Any], address: str | None) -
         args.experiment, preset=args.preset, params=kwargs, seeds=args.seeds, only=args.only,
         out_dir=args.out, resume=not args.no_resume, threads=args.threads, backend=args.backend,
         workers=args.workers, address=address, gpus_per_cell=args.gpus_per_cell,
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress else None, compile=args.compile,
     )  # fmt: skip

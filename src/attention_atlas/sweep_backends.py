@@ -31,10 +31,17 @@ def execute_cell(
     params: Mapping[str, Any],
     seed: int,
     threads: int | None,
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Run one cell at ``threads`` torch threads (None: leave them) and return its metrics
-    (JSON-ready), wall time and the :func:`~attention_atlas.records.environment` it ran in."""
+    (JSON-ready), wall time and the :func:`~attention_atlas.records.environment` it ran in.
+    ``compile``: every training run of the cell compiles its steps
+    (:func:`~attention_atlas.train.compiled.compiled_training`); the environment then says so
+    (``compile``) with the compiler errors of any run that fell back to eager steps
+    (``compile_fallbacks``)."""
     import torch
+
+    from .train.compiled import compiled_training
 
     before = torch.get_num_threads()
     if threads is not None:
@@ -42,9 +49,12 @@ def execute_cell(
     try:
         started = time.time()
         t0 = time.perf_counter()
-        metrics = run_cell(dict(params), int(seed))
+        with compiled_training(compile) as state:
+            metrics = run_cell(dict(params), int(seed))
         seconds = time.perf_counter() - t0
         env = environment(used_cuda=torch.cuda.is_initialized())
+        if state is not None:
+            env.update(compile=True, compile_fallbacks=list(state.fallbacks))
     finally:
         torch.set_num_threads(before)
     if not isinstance(metrics, Mapping):

@@ -32,7 +32,7 @@ from .checkpoint import (
     save_checkpoint,
     seed_everything,
 )
-from .compiled import CompiledSteps
+from .compiled import CompiledSteps, compiling
 from .config import TrainConfig, check_model, check_run
 from .ddp import init_process_group, rank_world
 from .evaluate import cross_entropy, diagnostics, eval_batches, evaluate
@@ -243,7 +243,7 @@ def _train(run: _Run) -> TrainResult:
         ddp = nn.parallel.DistributedDataParallel(
             run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None
         )
-    step_model = CompiledSteps(ddp) if cfg.compile else ddp
+    step_model = CompiledSteps(ddp) if cfg.compile or compiling() is not None else ddp
     needs_w = any(get_regularizer(s["name"])[1] for s in cfg.regularizers)
     diag_batch = next(eval_batches(run.data, "val", cfg.weights_batch, cfg.seq_len, 1))
     diag_batch = (diag_batch[0].to(run.device), diag_batch[1].to(run.device))
@@ -446,7 +446,7 @@ def _finish(run: _Run, t_train: float) -> TrainResult:
     record = {
         "status": "diverged" if run.diverged else "finished",
         "model_config": run.mcfg.to_dict(),
-        "train_config": cfg.to_dict(),
+        "train_config": {**cfg.to_dict(), "compile": cfg.compile or compiling() is not None},
         "data": {
             "name": getattr(run.data, "name", type(run.data).__name__),
             "kind": "lm" if isinstance(run.data, TextCorpus) else run.data.kind,
