@@ -235,9 +235,13 @@ viz.markdown(perf.regularizer_sentence({s: perf.regularizer_share(r) for s, r in
 # step's forward, and with it the backward, through `torch.compile`; on a CPU its backend
 # writes and compiles C++ for the elementwise work between the matrix products, and where it
 # cannot (no compiler on the machine) the steps run eagerly after a warning. It is the same
-# arithmetic in another order, so a compiled run is not bit-identical to an eager one: the
-# book's stored runs are eager. The records below time every variant's compiled step beside its
-# eager step, in the same interleaved rounds (`bench --train --compile`), where they are stored.
+# arithmetic in another order, so a compiled run is not bit-identical to an eager one (it is to
+# another compiled run on the same machine and versions). The book's book-sized runs are eager;
+# a long grid may be swept with `sweep ... --compile`, which compiles every cell's training
+# steps without changing the cells' keys: each record says so, the chapter's provenance line
+# reads "compiled steps", and `results verify` re-runs such a cell compiled. The records below
+# time every variant's compiled step beside its eager step, in the same interleaved rounds
+# (`bench --train --compile`), where they are stored.
 
 # %%
 compiled = {
