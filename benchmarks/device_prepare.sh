@@ -1,0 +1,36 @@
+#!/bin/bash
+# Prepare a lent GPU machine's run (benchmarks/device_session.sh), here, from the repo root:
+# the Python packages the library needs that the machine's image lacks, as wheels for its
+# Python 3.12 (.whl/), and the data the long grids read (.devdata/: char-PTB, about 12 MB).
+# Both folders are git-ignored and travel with the run's `carry` (64 MiB in all with the repo).
+#
+#   bash benchmarks/device_prepare.sh [DATA_DIR]     # DATA_DIR: default $ATTENTION_ATLAS_DATA
+#
+# The image holds torch, numpy, scipy, pandas, scikit-learn, tqdm and pyyaml (see the device
+# tool's KINDS.md); plotly and pydantic (with their own needs) are not there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data=${1:-${ATTENTION_ATLAS_DATA:-}}
+if [ -z "$data" ] || [ ! -f "$data/ptb-char/ptb.char.train.txt" ]; then
+    echo "device_prepare: expected a data folder holding ptb-char/ (argument or \$ATTENTION_ATLAS_DATA), got '${data}'" >&2
+    exit 2
+fi
+rm -rf .devdata && mkdir -p .devdata && cp -r "$data/ptb-char" .devdata/
+mkdir -p .whl
+py=${PYTHON:-.venv/bin/python}
+# the versions of the lock (requirements.lock) where it names them
+pinned() { for n in "$@"; do grep -iE "^${n//-/[-_]}==" requirements.lock | head -1 || echo "$n"; done; }
+rm -f .whl/*.whl
+"$py" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .whl \
+    $(pinned plotly narwhals pydantic annotated-types typing-inspection typing-extensions) pydantic-core
+# pydantic pins pydantic-core exactly: keep the one it names
+want=$(unzip -p .whl/pydantic-2*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==\([0-9.]*\).*/\1/p')
+if [ -n "$want" ] && ! ls .whl/pydantic_core-"$want"-* >/dev/null 2>&1; then
+    rm -f .whl/pydantic_core-*
+    "$py" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d .whl "pydantic-core==$want"
+fi
+du -sh .whl .devdata

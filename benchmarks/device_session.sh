@@ -1,0 +1,70 @@
+#!/bin/bash
+# One prepared run on a lent GPU machine (the device tool's `run`, from the repo root), sized to
+# fit one call: the kernel benchmark on the GPU (chapter 8's CUDA records), then as many cells of
+# chapter 4's long grid (the Fiber Bundle arms first: made on a GPU, they stay valid whatever
+# the CPU kernels become) and of chapter 5's as the time left allows. Everything it made comes
+# back as one file, $OUT/results.tgz (the results store's new records; extract it in the repo
+# root, check with `python -m attention_atlas results list`, commit).
+#
+#   here:   bash benchmarks/device_prepare.sh          # wheels (.whl/) and data (.devdata/)
+#   device: run(command="bash benchmarks/device_session.sh", carry=[".whl", ".devdata"],
+#               timeout_s=600)
+#
+# Knobs (environment): BUDGET_S (seconds for the whole script, default 540), WORKERS (cells at
+# once, default 8), LENGTHS (the benchmark's lengths), DEVICE (default cuda), PYTHON (default
+# python3), NO_WHEELS=1 (use the installed packages), STEPS_ONLY=1 (kernels only). A rehearsal
+# on a CPU: DEVICE=cpu NO_WHEELS=1 PYTHON=.venv/bin/python LENGTHS="256" BUDGET_S=120 \
+#   SMOKE=1 bash benchmarks/device_session.sh   (smoke grids into a scratch store)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+OUT=${OUT:-$root/artifacts/device-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || { echo "device_session: installing .whl/ failed" >&2; exit 1; }
+    export PYTHONPATH=/tmp/site:$root/src
+else
+    export PYTHONPATH=$root/src
+fi
+export ATTENTION_ATLAS_DATA=${ATTENTION_ATLAS_DATA:-$root/.devdata} PYTHONUNBUFFERED=1
+DEVICE=${DEVICE:-cuda}
+WORKERS=${WORKERS:-8}
+LENGTHS=${LENGTHS:-256 512 1024 2048 4096 8192 16384}
+BUDGET=${BUDGET_S:-540}
+if [ -n "${SMOKE:-}" ]; then  # a rehearsal: smoke grids, a scratch results store
+    export ATTENTION_ATLAS_RESULTS=$OUT/store
+    PRESET=smoke
+else
+    PRESET=long
+fi
+store=${ATTENTION_ATLAS_RESULTS:-$root/results}
+t0=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - t0))); }
+
+"$PY" - <<'EOF' | tee "$OUT/env.txt"
+import torch
+gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+print(f"torch {torch.__version__}, {gpu}")
+EOF
+# 1. the kernels against SDPA (chapter 8): results/bench/<device>/kernels-float32.json
+timeout $(($(left) / 3)) "$PY" -m attention_atlas bench --lengths $LENGTHS --device "$DEVICE" \
+    --store > "$OUT/bench.txt" 2>&1 || echo "device_session: the benchmark stopped ($?)" >> "$OUT/bench.txt"
+tail -30 "$OUT/bench.txt"
+# 2. the long grids' cells, Fiber Bundle arms first; a finished cell is a record, a stopped one
+#    leaves none (the next run resumes it)
+fbt="fbt fbt_reg-none fbt_noise fbt_reg-l2 fbt_alpha-0 fbt_rank-1 fbt_rank-8 fbt_kappa-0.1 fbt_kappa-10"
+[ -n "${SMOKE:-}" ] && fbt="fbt fbt_reg-none"  # the smoke grid has fewer arms
+if [ -z "${STEPS_ONLY:-}" ]; then
+    for grid in "fiber-bundle --only $fbt --seeds 0 1 2 3 4" "matroidal --seeds 0 1 2 3 4"; do
+        [ "$(left)" -gt 90 ] || break
+        timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep $grid --preset "$PRESET" \
+            --workers "$WORKERS" --no-progress >> "$OUT/sweep.txt" 2>&1
+        echo "device_session: sweep ${grid%% *} ended ($?)" >> "$OUT/sweep.txt"
+    done
+    grep -E "^\[sweep\]|device_session" "$OUT/sweep.txt" | tail -20
+fi
+# 3. everything the store gained, as one file
+(cd "$store/.." && tar czf "$OUT/results.tgz" --exclude='*.lock' --exclude='.*.tmp' \
+    "$(basename "$store")") && ls -la "$OUT/results.tgz"

@@ -1,0 +1,40 @@
+"""The prepared GPU run (benchmarks/device_session.sh), rehearsed on this CPU with smoke grids in
+a scratch results store: it benchmarks, sweeps both long grids' cells within its time budget and
+packs what it made into one file, as the device tool brings it back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from data_helpers import SHARED
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(
+    not (SHARED / "ptb-char" / "ptb.char.train.txt").exists(), reason="char-PTB not in the data"
+)
+def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
+    env = {**os.environ, "SMOKE": "1", "DEVICE": "cpu", "NO_WHEELS": "1", "PYTHON": sys.executable,
+           "LENGTHS": "256", "BUDGET_S": "240", "WORKERS": "1", "OUT": str(tmp_path),
+           "ATTENTION_ATLAS_DATA": str(SHARED)}  # fmt: skip
+    env.pop("ATTENTION_ATLAS_RESULTS", None)
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "device_session.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (tmp_path / "env.txt").read_text().startswith("torch ")
+    with tarfile.open(tmp_path / "results.tgz") as tar:
+        names = tar.getnames()
+    assert "store/bench/cpu/kernels-float32.json" in names
+    for grid, arms in (("fiber-bundle", ("fbt__", "fbt_reg-none__")), ("matroidal", ("",))):
+        cells = [n for n in names if n.startswith(f"store/{grid}/smoke/cells/")]
+        assert cells and all(n.endswith(".json") for n in cells), names
+        assert all(any(Path(c).name.startswith(a) for c in cells) for a in arms)
+    assert not any(n.endswith(".lock") for n in names)
+    sweep_log = (tmp_path / "sweep.txt").read_text()
+    assert "sweep fiber-bundle ended (0)" in sweep_log and "sweep matroidal ended (0)" in sweep_log
