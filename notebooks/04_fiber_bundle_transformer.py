@@ -184,24 +184,21 @@ viz.markdown(
 
 # %%
 display(runs.overview())
-fig = make_subplots(
-    rows=1, cols=2, subplot_titles=("validation bits per character", "training time (s)")
-)
-for col, metric in enumerate(("val_bpc", "train_time_s"), start=1):
+TIME_COL, TIME_NAME = runs.time  # CPU time where every cell recorded it, else wall time
+fig = make_subplots(rows=1, cols=2, subplot_titles=("validation bits per character", TIME_NAME))
+for col, metric in enumerate(("val_bpc", TIME_COL), start=1):
     viz.mean_interval({name: runs.per_seed(name, metric) for name in runs.grid}, fig=fig, row=1,
                       col=col, mode="bar")  # fmt: skip
 fig.update_layout(title=f"All configurations, mean and 95% interval over {len(SEEDS)} seeds",
                   height=440, margin={"t": 110})  # fmt: skip
 viz.show(fig)
 provenance()
-fbt_ratio = (
-    runs.per_seed("fbt", "train_time_s").mean() / runs.per_seed("dot", "train_time_s").mean()
-)
+fbt_ratio = runs.per_seed("fbt", TIME_COL).mean() / runs.per_seed("dot", TIME_COL).mean()
 viz.markdown(
     f"After {P['steps']:,} steps the dot-product baseline reaches {runs.interval('dot', 'val_bpc')} "
     f"bits per character and the default Fiber Bundle Transformer {runs.interval('fbt', 'val_bpc')} "
     f"(paired difference {runs.paired('fbt', 'dot', 'val_bpc').format(signed=True)}), at "
-    f"{fbt_ratio:.1f} times the training time."
+    f"{fbt_ratio:.1f} times the {TIME_NAME.split(' (')[0]}."
 )
 
 # %% [markdown]
@@ -474,8 +471,8 @@ viz.markdown(
 # %%
 p6_names = V.p6_names(runs)
 fig = make_subplots(rows=1, cols=3, subplot_titles=(f"effective rank, block {LAST}",
-                                                    "validation bpc", "training time (s)"))  # fmt: skip
-for col, column in enumerate((f"erank_{LAST}", "val_bpc", "train_time_s"), start=1):
+                                                    "validation bpc", TIME_NAME))  # fmt: skip
+for col, column in enumerate((f"erank_{LAST}", "val_bpc", TIME_COL), start=1):
     viz.mean_interval({n: runs.per_seed(n, column) for n in p6_names.values()}, x=list(p6_names),
                       fig=fig, row=1, col=col, name="Fiber Bundle", color=viz.COLORS[0],
                       showlegend=col == 1)  # fmt: skip

@@ -235,3 +235,20 @@ def test_a_part_of_a_claim_is_stated_at_the_runs_scale_too():
     assert V.at_scale(V.p3_verdicts(bigram)["none"], V.training_scale(bigram)).endswith(
         "not tested"
     )
+
+
+def test_the_overview_compares_costs_by_cpu_time_once_every_cell_has_it():
+    wall = runs_with()  # records made before CPU times: wall time, as stored
+    assert wall.time == ("train_time_s", "training time (s)")
+    table = wall.overview()
+    assert "training time (s)" in table.columns and table.loc["fbt", "time / dot"] == "1.0x"
+    fbt = {"train_cpu_s": 3.0}  # the Fiber Bundle cells three times the dot cells' CPU time
+    cpu = runs_with(**{name: fbt for name in ("fbt", "fbt_noise")}, dot={"train_cpu_s": 1.0},
+                    **{c.replace("-", "_").replace(".", "_"): {"train_cpu_s": 1.0}
+                       for c in GRID if c not in ("fbt", "fbt_noise", "dot")})  # fmt: skip
+    assert cpu.time == ("train_cpu_s", "training CPU time (s)")
+    table = cpu.overview()
+    assert "training CPU time (s)" in table.columns
+    assert (
+        table.loc["fbt", "time / dot"] == "3.0x" and table.loc["fbt_noise", "time / dot"] == "3.0x"
+    )

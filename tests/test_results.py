@@ -208,3 +208,15 @@ def test_a_stored_grid_of_the_chapters_own_preset_counts_only_for_exactly_that_g
     seeds = results.stored_or_run("toy", preset="smoke", seeds=[7], stored=("long", "smoke"),
                                   out_dir=tmp_path / "b", log=None)  # fmt: skip
     assert seeds.provenance.source == "computed"
+
+
+def test_costs_are_compared_by_cpu_time_where_every_cell_has_it() -> None:
+    import pandas as pd
+
+    from attention_atlas.records import time_column
+
+    both = pd.DataFrame({"train_time_s": [3.0, 9.0], "train_cpu_s": [2.9, 3.1]})
+    assert time_column(both) == ("train_cpu_s", "training CPU time (s)")
+    older = both.assign(train_cpu_s=[2.9, float("nan")])  # a cell stored before CPU times
+    assert time_column(older) == ("train_time_s", "training time (s)")
+    assert time_column(both.drop(columns="train_cpu_s"))[0] == "train_time_s"

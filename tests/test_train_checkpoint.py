@@ -58,9 +58,12 @@ def test_a_killed_run_resumes_to_bitwise_identical_weights_and_history(
     out = str(tmp_path / "killed")
     with pytest.raises(Crash):
         train(DROPOUT, tiny_cfg(out_dir=out, **RUN), copy_data, callbacks=[crash_at_10])
-    assert torch.load(Path(out) / "checkpoint.pt", weights_only=False)["step"] == 8
+    saved = torch.load(Path(out) / "checkpoint.pt", weights_only=False)
+    assert saved["step"] == 8
     resumed = train(DROPOUT, tiny_cfg(out_dir=out, **RUN), copy_data, resume=True)
     assert_same_run(full_run, resumed)
+    # the CPU time goes on from the checkpoint's, as the wall time does
+    assert resumed.final["train_cpu_s"] > saved["timing"]["cpu_s"] > 0
 
 
 def test_resume_without_a_checkpoint_starts_fresh_and_needs_out_dir(copy_data, tmp_path):

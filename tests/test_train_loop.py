@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -109,6 +110,15 @@ def test_regularizers_of_other_modules_resolve_by_name_without_an_import():
     code = "from attention_atlas.train import available_regularizers as r; print(r())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "cofactor" in out.stdout
+
+
+def test_the_cpu_time_leaves_out_what_the_process_did_not_compute(copy_data):
+    # a callback that sleeps stands for a pause (SIGSTOP) or another process holding the core:
+    # wall time counts it, the process's CPU time does not
+    res = train(TINY, tiny_cfg(steps=4), copy_data, callbacks=[lambda step, info: time.sleep(0.25)])
+    wall, cpu = res.final["train_time_s"], res.final["train_cpu_s"]
+    assert wall >= 1.0 and 0 < cpu < wall - 0.9, (wall, cpu)
+    assert res.record["final"]["train_cpu_s"] == cpu
 
 
 def test_a_time_schedule_stops_at_the_budget_with_the_lr_decayed(copy_data):

@@ -52,6 +52,7 @@ __all__ = [
     "make_cells",
     "read_records",
     "records_frame",
+    "time_column",
     "write_atomic",
     "write_csv",
 ]
@@ -195,6 +196,16 @@ def records_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(
         [{k: v for k, v in r.items() if not isinstance(v, dict | list)} for r in records]
     )
+
+
+def time_column(frame: pd.DataFrame) -> tuple[str, str]:
+    """The cells' training-time column to compare costs by, and its label: ``train_cpu_s``
+    (the process's CPU time, which pauses and time-sharing do not inflate) when every row has
+    it, else ``train_time_s`` (wall time: comparable only between cells run side by side on an
+    otherwise idle machine; grids stored before CPU times were recorded have only this)."""
+    if "train_cpu_s" in frame.columns and bool(frame["train_cpu_s"].notna().all()):
+        return "train_cpu_s", "training CPU time (s)"
+    return "train_time_s", "training time (s)"
 
 
 def write_csv(folder: str | os.PathLike[str]) -> Path:

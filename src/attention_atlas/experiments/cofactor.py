@@ -308,6 +308,7 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     x = _probe(data, params["probe_items"], tp["seq_len"])
     return {
         "task": params["task"], "arm": params["arm"], "steps": tp["steps"], "wall_s": wall,
+        "train_cpu_s": res.final["train_cpu_s"],
         "batch_size": tp["batch_size"], "seq_len": x.shape[1],  # tokens per sequence
         "val_loss": res.final["val_loss"], "val_acc": res.final["val_acc"],
         **grad_stats(grad_norms, tcfg.warmup_steps, params["spike_ratio"]),

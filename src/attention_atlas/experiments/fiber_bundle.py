@@ -194,6 +194,7 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
         )
     res = train(mcfg, _train_config(params, seed, l2_weight), data)
     out.update({"val_bpc": res.final["val_bpc"], "train_time_s": res.final["train_time_s"],
+                "train_cpu_s": res.final["train_cpu_s"],
                 "tokens_per_s": res.final.get("tokens_per_s", math.nan)})  # fmt: skip
     out.update({f"params_{k}": v for k, v in param_counts(res.model).items()})
     an = analyse(res.model, data, seq_len=tp["seq_len"], n_seqs=int(params["analyse_seqs"]),

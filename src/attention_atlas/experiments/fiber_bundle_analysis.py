@@ -297,6 +297,14 @@ class Runs:
         return {**{k: p["model"][k] for k in ("dim", "n_heads", "n_layers")},
                 **{k: p["train"][k] for k in ("seq_len", "steps", "batch_size")}}  # fmt: skip
 
+    @property
+    def time(self) -> tuple[str, str]:
+        """The column training costs are compared by, and its label
+        (:func:`~attention_atlas.records.time_column`: CPU time where every cell has it)."""
+        from ..records import time_column
+
+        return time_column(self.df)
+
     def per_seed(self, config: str, column: str) -> np.ndarray:
         """One value of ``column`` per seed (in seed order)."""
         g = self.df[self.df.config == config].sort_values("seed")
@@ -350,11 +358,12 @@ class Runs:
         """Every configuration: validation bpc, training time, the paired bpc difference and the
         time ratio to ``dot``, the last block's effective rank and the attention entropy."""
         rows, last = [], self.n_layers
-        dot_time = self.per_seed("dot", "train_time_s").mean()
+        tcol, tname = self.time
+        dot_time = self.per_seed("dot", tcol).mean()
         for name in self.grid:
-            tt = self.per_seed(name, "train_time_s")
+            tt = self.per_seed(name, tcol)
             row = {"configuration": name, "val bpc": self.interval(name, "val_bpc").format(3),
-                   "train s": _interval(tt).format(1)}  # fmt: skip
+                   tname: _interval(tt).format(1)}  # fmt: skip
             if name != "dot":
                 row["bpc - dot"] = self.paired(name, "dot", "val_bpc").format(3, signed=True)
                 row["time / dot"] = f"{tt.mean() / dot_time:.1f}x"

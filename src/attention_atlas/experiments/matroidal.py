@@ -297,6 +297,7 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
         "attn_flops_fwd": res.record["flops"]["forward_attention_core"],
         "attn_flops_train": res.record["flops"]["train_step_attention_core"],
         "train_time_s": res.final["train_time_s"],
+        "train_cpu_s": res.final["train_cpu_s"],
         "tokens": tp["steps"] * per_step,
     }
     out.update(metric_measures(res.model))

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .. import viz
+from ..records import time_column
 from ..stats import mean_interval
 from .matroidal import ARMS, CONTROL, HIGHER_IS_BETTER, MATERIAL_CHANGE, SEED_ARM, TASK_METRIC
 
@@ -64,9 +65,11 @@ def parameter_table(runs: pd.DataFrame) -> pd.DataFrame:
 def main_table(runs: pd.DataFrame) -> pd.DataFrame:
     """The main slice by (data set, fraction, arm): the task metric, validation loss,
     gradient-norm CV, self-attention weight, metric change (intervals over seeds), non-finite
-    counts and the mean training time."""
+    counts and the mean training time (CPU time where every cell has it:
+    :func:`~attention_atlas.records.time_column`)."""
     rows = []
     main = runs[runs.slice == "main"]
+    tcol, tname = time_column(runs)
     for (ds, frac, arm), g in main.groupby(["dataset", "fraction", "arm"], sort=False):
         metric = TASK_METRIC[str(ds)]
         rows.append({
@@ -77,7 +80,7 @@ def main_table(runs: pd.DataFrame) -> pd.DataFrame:
             "metric change": interval_text(g.metric_change, ".3f") if "metric_change" in g
             and g.metric_change.notna().all() else "",
             "nonfinite": int(g.nonfinite_logits.sum() + g.nonfinite_out.sum()),
-            "train s": f"{g.train_time_s.mean():.1f}",
+            tname: f"{g[tcol].mean():.1f}",
         })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -103,6 +106,7 @@ def slice_table(runs: pd.DataFrame, slice_: str, by: str) -> pd.DataFrame:
     """One slice (``"m"`` or ``"family"``) by ``by``: the task metric, gradient-norm CV, trained
     all-ones weight, metric parameters, attention FLOPs and mean training time."""
     rows = []
+    tcol, tname = time_column(runs)
     for key, g in runs[runs.slice == slice_].groupby(by, sort=False):
         metric = TASK_METRIC[str(g.dataset.iloc[0])]
         rows.append({
@@ -111,7 +115,7 @@ def slice_table(runs: pd.DataFrame, slice_: str, by: str) -> pd.DataFrame:
             "ones Rayleigh": f"{g.ones_rayleigh.median():.2g}",
             "metric params": int(g.params_metric.iloc[0]),
             "attn FLOPs (fwd)": int(g.attn_flops_fwd.iloc[0]),
-            "train s": f"{g.train_time_s.mean():.1f}",
+            tname: f"{g[tcol].mean():.1f}",
         })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -286,7 +290,8 @@ def long_preset_text(runs: pd.DataFrame, long: dict[str, Any], seeds: Sequence[i
     from .matroidal import chapter_grid
 
     grid = chapter_grid(**long)
-    per_step = (runs.train_time_s / runs.steps).groupby([runs.dataset, runs.arm]).median().to_dict()
+    by_arm = (runs[time_column(runs)[0]] / runs.steps).groupby([runs.dataset, runs.arm])
+    per_step = by_arm.median().to_dict()
     slowest = max(per_step.values())
     seconds = sum(p["train"]["steps"] * per_step.get((p["dataset"], p["arm"]), slowest)
                   for p in grid.values()) * len(seeds)  # fmt: skip

@@ -154,6 +154,7 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
         "init_val_bpc": float(init_bpc["bpc"]),
         "tokens_per_s": float(res.final["tokens_per_s"]),
         "train_time_s": float(res.final["train_time_s"]),
+        "train_cpu_s": float(res.final["train_cpu_s"]),
         "tokens": tcfg.steps * tcfg.batch_size * tcfg.seq_len,
         "row_stochastic": float(att.diagnostics.get("row_stochastic", torch.tensor(1.0))),
         "history": hist.to_dict(orient="list"),

@@ -430,6 +430,7 @@ def _train_mqar(
         "state_size": ssm_state_size(model["dim"], model["n_heads"], model["n_layers"])
         if variant == "ssm" else 0,
         "steps": res.final["steps"], "train_time_s": res.final["train_time_s"],
+        "train_cpu_s": res.final["train_cpu_s"],
         "step_ms": 1e3 * res.final["train_time_s"] / max(res.final["steps"], 1.0),
         "history": {"step": hist["step"].tolist(), "val_acc": acc_curve.tolist(),
                     "train_loss": hist["train_loss"].tolist()},

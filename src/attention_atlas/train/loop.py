@@ -211,11 +211,16 @@ def _build(
 
 class _Clock:
     """Training wall time: the total so far and the current log interval, paused while a
-    checkpoint is written (checkpoint time is not training time)."""
+    checkpoint is written (checkpoint time is not training time); and the process's CPU time
+    over the same span (all its threads; a stopped or time-shared process accrues none)."""
 
     def __init__(self, timing: dict[str, float]) -> None:
         self.t_train = timing["t_train"]
         self.t_interval = time.perf_counter() - timing["interval_elapsed"]
+        self.cpu_start = time.process_time() - timing.get("cpu_s", 0.0)  # older checkpoints: 0
+
+    def cpu_s(self) -> float:
+        return time.process_time() - self.cpu_start
 
     def elapsed(self) -> float:
         """Training time so far, the current interval included."""
@@ -231,7 +236,8 @@ class _Clock:
         self.t_interval = time.perf_counter()
 
     def state(self) -> dict[str, float]:
-        return {"t_train": self.t_train, "interval_elapsed": time.perf_counter() - self.t_interval}
+        return {"t_train": self.t_train, "interval_elapsed": time.perf_counter() - self.t_interval,
+                "cpu_s": self.cpu_s()}  # fmt: skip
 
 
 def _train(run: _Run) -> TrainResult:
@@ -280,14 +286,15 @@ def _train(run: _Run) -> TrainResult:
             and cfg.checkpoint_every
             and p.step % cfg.checkpoint_every == 0
         ):
-            t_ck = time.perf_counter()  # 5. checkpoint
+            t_ck, c_ck = time.perf_counter(), time.process_time()  # 5. checkpoint
             p.timing = clock.state()
             save_checkpoint(
                 run.ckpt_path, run.model, run.opt, run.sched, run.sampler, p, run.configs()
             )
             clock.t_interval += time.perf_counter() - t_ck
+            clock.cpu_start += time.process_time() - c_ck
     bar.close()
-    return _finish(run, clock.t_train)
+    return _finish(run, clock.t_train, clock.cpu_s())
 
 
 def _optimiser_step(
@@ -432,13 +439,13 @@ def _peek(sampler: Any) -> tuple[Tensor, Tensor]:
 # -- the end -----------------------------------------------------------------------------------
 
 
-def _finish(run: _Run, t_train: float) -> TrainResult:
+def _finish(run: _Run, t_train: float, cpu_s: float) -> TrainResult:
     """6. final evaluation, history and run record (written to ``out_dir`` by rank 0)."""
     cfg, p = run.cfg, run.progress
     rank, world = rank_world()
     final = _final_metrics(run)
     final["steps"] = float(p.step)
-    final["train_time_s"] = t_train
+    final["train_time_s"], final["train_cpu_s"] = t_train, cpu_s
     if p.history:
         tok = sum(h["tokens_per_s"] * h["interval_s"] for h in p.history)
         final["tokens_per_s"] = tok / max(1e-9, sum(h["interval_s"] for h in p.history))
