@@ -102,14 +102,15 @@ def _shared_steps(params: dict[str, Any], arms: dict[str, str | None]) -> dict[s
 
     from attention_atlas.models import ModelConfig
     from attention_atlas.train import TrainConfig
-    from attention_atlas.train.loop import _build, _Clock, _optimiser_step
+    from attention_atlas.train.checkpoint import TrainClock
+    from attention_atlas.train.loop import _build, _optimiser_step
 
     reg = params["regularizer"]
     tcfg = TrainConfig(**params["train"], seed=0, progress=False, measure_flops=False,
                        effective_rank=False, regularizers=[reg])  # fmt: skip
     data = experiment.load_task(params["task"], params["lm_level"])
     run = _build(ModelConfig(**params["model"]), tcfg, data, torch.device("cpu"), [])
-    clock = _Clock(run.progress.timing)
+    clock = TrainClock(run.progress.timing)
 
     def step_of(name: str | None) -> Any:
         cfg = replace(tcfg, regularizers=[{**reg, "name": name}] if name else [])

@@ -62,3 +62,37 @@ def compile_aware_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     from attention_atlas.train.compiled import compiling
 
     return {**_TOY_CELL(params, seed), "compiled_steps": float(compiling() is not None)}
+
+
+def train_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A cell that trains with :func:`attention_atlas.train.train` (a tiny model with dropout on
+    the copy task, ``params["steps"]`` steps): its final validation loss, the history's losses
+    and a checksum of the final weights. ``$SWEEP_TEST_KILL_AT_STEP``: SIGKILL its own process
+    right after that optimiser step (before that step's checkpoint), mid-cell."""
+
+    from attention_atlas.data import copy_task
+    from attention_atlas.models import ModelConfig
+    from attention_atlas.train import TrainConfig, loop, train
+
+    kill_at = int(os.environ.get("SWEEP_TEST_KILL_AT_STEP", "0"))
+    real_step = loop._optimiser_step
+
+    def step_then_maybe_die(run: Any, *args: Any) -> Any:
+        out = real_step(run, *args)
+        if run.progress.step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no handlers: a real kill
+        return out
+
+    loop._optimiser_step = step_then_maybe_die  # type: ignore[assignment]
+    try:
+        data = copy_task(256, 64, length=6, vocab=5)
+        cfg = TrainConfig(steps=int(params["steps"]), batch_size=8, lr=1e-2, warmup_steps=3,
+                          log_every=3, eval_batches=2, eval_batch_size=32, progress=False,
+                          measure_flops=False, seed=seed)  # fmt: skip
+        res = train(ModelConfig(dim=16, n_layers=2, n_heads=2, dropout=0.1), cfg, data)
+    finally:
+        loop._optimiser_step = real_step  # type: ignore[assignment]
+    weights = sum(float(p.detach().double().square().sum()) for p in res.model.parameters())
+    return {"val_loss": float(res.final["val_loss"]), "weights_sq": weights,
+            "train_loss": [float(v) for v in res.history["train_loss"]],
+            "train_cpu_s": float(res.final["train_cpu_s"])}  # fmt: skip

@@ -98,6 +98,10 @@ BAD = {
         (["sweep", "fiber-bundle", "--seeds", "0", "0"], "--seeds: expected distinct"),
         (["sweep", "fiber-bundle", "--preset", "smoke", "--only", "zzz"], "--only: unknown"),
         (["sweep", "fiber-bundle", "--out", "{tmp}/a_file"], "--out: {tmp}/a_file is a file"),
+        (
+            ["sweep", "toy", "--checkpoint-every", "-3"],
+            "--checkpoint-every must be at least 0, got -3",
+        ),
     ],
     "notebooks": [
         (["notebooks", "run", "no_such_chapter"], "no chapter 'no_such_chapter'"),

@@ -131,11 +131,12 @@ def _step_fn(run: Any, compiled: bool = False) -> Callable[[], torch.Tensor]:
     """One call = one optimiser step of ``run`` by the harness's own step function; with
     ``compiled``, its forward through :class:`attention_atlas.train.compiled.CompiledSteps`, as a
     run with ``TrainConfig(compile=True)`` takes it."""
+    from .train.checkpoint import TrainClock
     from .train.compiled import CompiledSteps
-    from .train.loop import _Clock, _optimiser_step
+    from .train.loop import _optimiser_step
 
     needs_w = any(get_regularizer(s["name"])[1] for s in run.cfg.regularizers)
-    clock = _Clock(run.progress.timing)
+    clock = TrainClock(run.progress.timing)
     module = CompiledSteps(run.model) if compiled else run.model
 
     def step() -> torch.Tensor:

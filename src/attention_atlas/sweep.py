@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 import time
 from collections import Counter, deque
@@ -56,7 +57,7 @@ from .records import (
     write_csv,
 )
 from .results import store_dir, update_manifest
-from .sweep_backends import BACKENDS, WorkerLost, execute_cell, make_backend
+from .sweep_backends import BACKENDS, CellRun, WorkerLost, execute_cell, make_backend
 
 __all__ = [
     "EXPERIMENTS",
@@ -114,6 +115,7 @@ def run_sweep(
     max_attempts: int = 3,
     stale_after: float = 300.0,
     compile: bool = False,
+    checkpoint_every: int = 0,
 ) -> pd.DataFrame:
     """Run every cell not already finished under ``out_dir``; return all their results.
 
@@ -135,6 +137,10 @@ def run_sweep(
         compile: the cells' training steps through ``torch.compile``
             (:func:`~attention_atlas.train.compiled.compiled_training`; not part of a cell's key:
             its record says ``compile``, and ``results verify`` re-runs it compiled).
+        checkpoint_every: each cell's training runs checkpoint every this many steps under
+            ``out_dir/.checkpoints/<key>`` (git-ignored; removed when the cell returns), and a
+            cell killed mid-way resumes from them when run again, to the same result
+            (:mod:`~attention_atlas.train.resumable`); 0 (default): none.
 
     Returns:
         The results of ``cells`` (in order), with columns ``config``, ``seed``, ``key``,
@@ -165,10 +171,11 @@ def run_sweep(
 
     t_all = time.perf_counter()
     locks = CellLocks(root / "cells", stale_after=stale_after, heartbeat=min(30.0, stale_after / 4))
+    how = CellRun(threads, compile, checkpoint_every, str(root / ".checkpoints"))
     exe = make_backend(backend, workers, address, threads, gpus_per_cell)
     ok = False
     try:
-        n_run = _drive(todo, run_cell, exe, locks, root, context, resume, (threads, compile),
+        n_run = _drive(todo, run_cell, exe, locks, root, context, resume, how,
                        max_attempts, bar, say)  # fmt: skip
         ok = True
     finally:
@@ -194,14 +201,15 @@ def _drive(
     root: Path,
     context: dict[str, Any],
     resume: bool,
-    how: tuple[int | None, bool],
+    how: CellRun,
     max_attempts: int,
     bar: Any,
     say: Callable[[str], None],
 ) -> int:
     """Submit cells as capacity allows, write each record as it returns; cells locked by
-    another runner wait until it finishes them (or its lock goes stale); ``how`` is ``(threads,
-    compile)`` of :func:`~attention_atlas.sweep_backends.execute_cell`. Returns cells run."""
+    another runner wait until it finishes them (or its lock goes stale); ``how`` runs each cell
+    (a cell run again with ``resume`` False starts afresh, its checkpoints removed). Returns
+    cells run."""
     pending = deque(todo)
     waiting: list[tuple[Cell, str]] = []
     inflight: dict[Any, tuple[Cell, str]] = {}
@@ -218,7 +226,10 @@ def _drive(
                 locks.release(key)
                 bar.update(1)
             else:
-                inflight[exe.submit(execute_cell, run_cell, cell.params, cell.seed, *how)] = (cell, key)  # fmt: skip
+                if not resume and how.folder(key):
+                    shutil.rmtree(str(how.folder(key)), ignore_errors=True)
+                fut = exe.submit(execute_cell, run_cell, cell.params, cell.seed, *how.args(key))
+                inflight[fut] = (cell, key)
         if not inflight:
             if waiting:
                 time.sleep(0.5)
@@ -369,19 +380,18 @@ def add_subcommand(subparsers: Any) -> None:
         ),
     )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which experiment grid")
-    p.add_argument(
-        "--preset", default="book", help="named parameter set of the grid (book, smoke, long)"
-    )
+    p.add_argument("--preset", default="book", help="the grid's parameter set (book, smoke, long)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2)")
-    p.add_argument(
-        "--out", default=None, help="output folder (default results/<experiment>/<preset>)"
-    )
+    p.add_argument("--out", default=None, help="output folder (default results/EXPERIMENT/PRESET)")
     p.add_argument("--only", nargs="+", default=None, help="run only these configurations")
     p.add_argument(
         "-p", "--param", dest="params", action="append", default=[], metavar="KEY=VALUE",
         help="override a grid parameter (JSON value), e.g. -p steps=500 -p ablations=true",
     )  # fmt: skip
     p.add_argument("--no-resume", action="store_true", help="re-run finished cells")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="checkpoint each cell's training every STEPS steps under OUT/.checkpoints "
+                        "so a killed cell resumes where it stopped (default 0: none)")  # fmt: skip
     _add_backend_arguments(p)
     p.set_defaults(func=_cli_sweep)
 
@@ -462,7 +472,8 @@ def _run_cli_sweep(args: Any, kwargs: dict[str, Any]) -> int:
     if args.backend != "dask" and (address or args.scheduler_file):
         raise ConfigError("--address and --scheduler-file need --backend dask")
     for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 1),
-                               ("--gpus-per-cell", args.gpus_per_cell, 0)):  # fmt: skip
+                               ("--gpus-per-cell", args.gpus_per_cell, 0),
+                               ("--checkpoint-every", args.checkpoint_every, 0)):  # fmt: skip
         if value < least:
             raise ConfigError(f"{flag} must be at least {least}, got {value}")
     if args.scheduler_file is not None:
@@ -485,4 +496,5 @@ def _run_grid_from_cli(args: Any, kwargs: dict[str, Any], address: str | None) -
         out_dir=args.out, resume=not args.no_resume, threads=args.threads, backend=args.backend,
         workers=args.workers, address=address, gpus_per_cell=args.gpus_per_cell,
         progress=False if args.no_progress else None, compile=args.compile,
+        checkpoint_every=args.checkpoint_every,
     )  # fmt: skip

@@ -10,20 +10,44 @@ running the cell died, so the cell is retried) and ``close(abort)``.
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 from .provenance import environment
 from .records import RESERVED, jsonable
 
-__all__ = ["BACKENDS", "WorkerLost", "execute_cell", "make_backend"]
+__all__ = ["BACKENDS", "CellRun", "WorkerLost", "execute_cell", "make_backend"]
 
 BACKENDS = ("local", "dask")
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """How a sweep runs each cell (none of it is part of a cell's key): ``threads`` torch
+    threads, ``compile`` its training steps, checkpoint them every ``checkpoint_every`` steps
+    under ``checkpoint_root/<key>`` (0: no checkpoints). See :func:`execute_cell`."""
+
+    threads: int | None = 1
+    compile: bool = False
+    checkpoint_every: int = 0
+    checkpoint_root: str | None = None
+
+    def folder(self, key: str) -> str | None:
+        """The checkpoint folder of the cell ``key`` (None without checkpoints)."""
+        if not self.checkpoint_every or self.checkpoint_root is None:
+            return None
+        return f"{self.checkpoint_root}/{key}"
+
+    def args(self, key: str) -> tuple[Any, ...]:
+        """:func:`execute_cell`'s arguments after ``run_cell, params, seed``."""
+        return (self.threads, self.compile, self.folder(key), self.checkpoint_every)
 
 
 def execute_cell(
@@ -32,16 +56,24 @@ def execute_cell(
     seed: int,
     threads: int | None,
     compile: bool = False,
+    checkpoints: str | None = None,
+    checkpoint_every: int = 0,
 ) -> dict[str, Any]:
     """Run one cell at ``threads`` torch threads (None: leave them) and return its metrics
     (JSON-ready), wall time and the :func:`~attention_atlas.records.environment` it ran in.
     ``compile``: every training run of the cell compiles its steps
     (:func:`~attention_atlas.train.compiled.compiled_training`); the environment then says so
     (``compile``) with the compiler errors of any run that fell back to eager steps
-    (``compile_fallbacks``)."""
+    (``compile_fallbacks``). ``checkpoints`` (a folder) and ``checkpoint_every`` (steps, 0 for
+    none): the cell's training runs checkpoint there and resume from what a killed earlier
+    attempt left (:func:`~attention_atlas.train.resumable.resumable_training`); the folder is
+    removed once the cell returns, and the environment lists the steps runs resumed from
+    (``resumed_from``) when any did. The wall time then counts this attempt only; the runs'
+    own ``train_time_s`` and ``train_cpu_s`` count every attempt's training."""
     import torch
 
     from .train.compiled import compiled_training
+    from .train.resumable import resumable_training
 
     before = torch.get_num_threads()
     if threads is not None:
@@ -49,14 +81,21 @@ def execute_cell(
     try:
         started = time.time()
         t0 = time.perf_counter()
-        with compiled_training(compile) as state:
+        with (
+            compiled_training(compile) as state,
+            resumable_training(checkpoints, checkpoint_every) as resumable,
+        ):
             metrics = run_cell(dict(params), int(seed))
         seconds = time.perf_counter() - t0
         env = environment(used_cuda=torch.cuda.is_initialized())
         if state is not None:
             env.update(compile=True, compile_fallbacks=list(state.fallbacks))
+        if resumable is not None and resumable.resumed:
+            env.update(resumed_from=list(resumable.resumed))
     finally:
         torch.set_num_threads(before)
+    if checkpoints is not None:
+        shutil.rmtree(checkpoints, ignore_errors=True)
     if not isinstance(metrics, Mapping):
         raise TypeError(f"run_cell must return a dict of metrics, got {type(metrics).__name__}")
     clash = sorted(set(metrics) & set(RESERVED))

@@ -46,7 +46,8 @@ def _harness_step(
 ) -> Callable[[], Tensor]:
     """One call = one optimiser step of the harness's run of ``params`` (a configuration of
     :func:`~attention_atlas.experiments.cofactor.chapter_grid`) with regulariser ``reg``."""
-    from ..train.loop import _build, _Clock, _optimiser_step
+    from ..train.checkpoint import TrainClock
+    from ..train.loop import _build, _optimiser_step
     from .cofactor import load_task
 
     tp = dict(params["train"])
@@ -55,7 +56,7 @@ def _harness_step(
     data = load_task(params["task"], params["lm_level"])
     run = _build(ModelConfig(**params["model"]), tcfg, data, torch.device("cpu"), [])
     needs_w = any(get_regularizer(s["name"])[1] for s in tcfg.regularizers)
-    clock = _Clock(run.progress.timing)
+    clock = TrainClock(run.progress.timing)
 
     def step() -> Tensor:
         with torch.enable_grad():

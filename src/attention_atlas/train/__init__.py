@@ -30,13 +30,14 @@ Extension points (for the chapters)::
 Checkpoints (``checkpoint_every`` steps, atomic) hold the model, optimiser, scheduler, the RNG
 states of torch/numpy/python (every rank's), the sampler position and the history so far;
 ``train(..., resume=True)`` continues from the last one and ends bitwise where an uninterrupted
-run ends (on CPU). Under ``torchrun`` the run is data parallel (gloo on CPU, nccl on CUDA): the
+run ends (on CPU). :func:`~.resumable.resumable_training` checkpoints and resumes the runs of one
+piece of work (a sweep cell) the same way without their configs naming a folder. Under ``torchrun`` the run is data parallel (gloo on CPU, nccl on CUDA): the
 global batch ``batch_size`` is split across ranks, so results match a single process.
 
 Modules: :mod:`.config` (TrainConfig, config files, ``key=value`` overrides), :mod:`.loop`
 (:func:`train`), :mod:`.optim` (parameter groups, schedules), :mod:`.evaluate` (loss,
 evaluation, diagnostics), :mod:`.flops` (:func:`measure_flops`), :mod:`.checkpoint` (seeds, RNG
-states, atomic checkpoints), :mod:`.ddp` (process group, rank, device), :mod:`.provenance` (git
+states, atomic checkpoints), :mod:`.resumable` (checkpoints of a sweep cell's runs), :mod:`.ddp` (process group, rank, device), :mod:`.provenance` (git
 commit, versions), :mod:`.cli` (the ``train`` command).
 """
 

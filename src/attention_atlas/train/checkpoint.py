@@ -11,6 +11,7 @@ refused, listing the changes (:func:`config_changes`).
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from .ddp import rank_world
 __all__ = [
     "RESUMABLE_CHANGES",
     "Progress",
+    "TrainClock",
     "config_changes",
     "load_checkpoint",
     "new_interval",
@@ -188,3 +190,34 @@ def load_checkpoint(
     if "timing" in state:
         progress.timing = state["timing"]
     return progress
+
+
+class TrainClock:
+    """Training wall time: the total so far and the current log interval, paused while a
+    checkpoint is written (checkpoint time is not training time); and the process's CPU time
+    over the same span (all its threads; a stopped or time-shared process accrues none)."""
+
+    def __init__(self, timing: dict[str, float]) -> None:
+        self.t_train = timing["t_train"]
+        self.t_interval = time.perf_counter() - timing["interval_elapsed"]
+        self.cpu_start = time.process_time() - timing.get("cpu_s", 0.0)  # older checkpoints: 0
+
+    def cpu_s(self) -> float:
+        return time.process_time() - self.cpu_start
+
+    def elapsed(self) -> float:
+        """Training time so far, the current interval included."""
+        return self.t_train + (time.perf_counter() - self.t_interval)
+
+    def close_interval(self) -> float:
+        """End the current interval: add it to the total and return its length."""
+        dt = time.perf_counter() - self.t_interval
+        self.t_train += dt
+        return dt
+
+    def open_interval(self) -> None:
+        self.t_interval = time.perf_counter()
+
+    def state(self) -> dict[str, float]:
+        return {"t_train": self.t_train, "interval_elapsed": time.perf_counter() - self.t_interval,
+                "cpu_s": self.cpu_s()}  # fmt: skip

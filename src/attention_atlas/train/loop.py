@@ -27,6 +27,7 @@ from ..profiling import phase
 from ..validate import ConfigError
 from .checkpoint import (
     Progress,
+    TrainClock,
     load_checkpoint,
     new_interval,
     save_checkpoint,
@@ -39,6 +40,7 @@ from .evaluate import cross_entropy, diagnostics, eval_batches, evaluate
 from .flops import measure_flops
 from .optim import lr_at, lr_at_time, param_groups
 from .provenance import git_commit, versions
+from .resumable import Slot, claim_slot
 
 __all__ = ["TrainResult", "train"]
 
@@ -78,6 +80,8 @@ def train(
         train_cfg: the run.
         data: a :class:`~attention_atlas.data.TextCorpus` or :class:`~attention_atlas.data.ArrayTask`.
         resume: continue from ``out_dir/checkpoint.pt`` if it exists (a fresh run if not).
+            Inside :func:`~attention_atlas.train.resumable.resumable_training`, a run with no
+            ``out_dir`` and no callbacks checkpoints to the block's folder and resumes from it.
         callbacks: ``fn(step, info)`` called after each optimiser step (``step`` counts from 1;
             ``info`` has ``loss`` and ``grad_norm``), before that step's logging and checkpoint.
 
@@ -110,10 +114,12 @@ def train(
         torch.set_num_threads(cfg.num_threads)
     try:
         run = _build(model_cfg, cfg, data, device, callbacks or [])
-        if resume and run.ckpt_path is not None and run.ckpt_path.exists():
+        if (resume or run.slot) and run.ckpt_path is not None and run.ckpt_path.exists():
             run.progress = load_checkpoint(
                 run.ckpt_path, device, run.model, run.opt, run.sched, run.sampler, run.configs()
             )
+            if run.slot is not None:  # a resumable_training block's run, resumed
+                run.slot.resumed_at(run.progress.step)
         return _train(run)
     finally:
         _set_deterministic(*det_before)
@@ -153,6 +159,7 @@ class _Run:
     progress: Progress = field(default_factory=Progress)
     t_start: float = field(default_factory=time.time)
     diverged: dict[str, Any] | None = None  # set when a non-finite loss stops the run
+    slot: Slot | None = None  # where a resumable_training block checkpoints this run
 
     def configs(self) -> dict[str, dict[str, Any]]:
         """The configs a checkpoint and the run record store."""
@@ -199,45 +206,15 @@ def _build(
     sampler = make_sampler(data, cfg.batch_size, cfg.seq_len, cfg.seed, rank, world)
     seed_everything(cfg.seed + 7919 * rank)  # training-time randomness (dropout), per rank
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    slot = claim_slot(writes_itself=out_dir is not None, has_callbacks=bool(callbacks))
+    ckpt = out_dir / "checkpoint.pt" if out_dir else (slot.path if slot else None)
     return _Run(
         cfg, mcfg, data, device, model, opt, sched, sampler, frac, callbacks,
-        out_dir=out_dir, ckpt_path=out_dir / "checkpoint.pt" if out_dir else None,
-        t_start=t_start,
+        out_dir=out_dir, ckpt_path=ckpt, t_start=t_start, slot=slot,
     )  # fmt: skip
 
 
 # -- the loop ----------------------------------------------------------------------------------
-
-
-class _Clock:
-    """Training wall time: the total so far and the current log interval, paused while a
-    checkpoint is written (checkpoint time is not training time); and the process's CPU time
-    over the same span (all its threads; a stopped or time-shared process accrues none)."""
-
-    def __init__(self, timing: dict[str, float]) -> None:
-        self.t_train = timing["t_train"]
-        self.t_interval = time.perf_counter() - timing["interval_elapsed"]
-        self.cpu_start = time.process_time() - timing.get("cpu_s", 0.0)  # older checkpoints: 0
-
-    def cpu_s(self) -> float:
-        return time.process_time() - self.cpu_start
-
-    def elapsed(self) -> float:
-        """Training time so far, the current interval included."""
-        return self.t_train + (time.perf_counter() - self.t_interval)
-
-    def close_interval(self) -> float:
-        """End the current interval: add it to the total and return its length."""
-        dt = time.perf_counter() - self.t_interval
-        self.t_train += dt
-        return dt
-
-    def open_interval(self) -> None:
-        self.t_interval = time.perf_counter()
-
-    def state(self) -> dict[str, float]:
-        return {"t_train": self.t_train, "interval_elapsed": time.perf_counter() - self.t_interval,
-                "cpu_s": self.cpu_s()}  # fmt: skip
 
 
 def _train(run: _Run) -> TrainResult:
@@ -265,8 +242,9 @@ def _train(run: _Run) -> TrainResult:
         desc=f"{name} {getattr(run.data, 'name', '')}", dynamic_ncols=True,
     )  # fmt: skip
     run.model.train()
-    clock = _Clock(p.timing)
+    clock = TrainClock(p.timing)
     stop = False
+    every = run.slot.every if run.slot is not None else cfg.checkpoint_every
     while p.step < cfg.steps and not stop:
         try:
             stop = _optimiser_step(run, step_model, needs_w, clock)
@@ -281,11 +259,7 @@ def _train(run: _Run) -> TrainResult:
                 loss=f"{row['train_loss']:.3f}", val=f"{row['val_loss']:.3f}", refresh=False
             )
             clock.open_interval()
-        if (
-            run.ckpt_path is not None
-            and cfg.checkpoint_every
-            and p.step % cfg.checkpoint_every == 0
-        ):
+        if run.ckpt_path is not None and every and p.step % every == 0:
             t_ck, c_ck = time.perf_counter(), time.process_time()  # 5. checkpoint
             p.timing = clock.state()
             save_checkpoint(
@@ -298,7 +272,7 @@ def _train(run: _Run) -> TrainResult:
 
 
 def _optimiser_step(
-    run: _Run, ddp: nn.Module | CompiledSteps, needs_w: bool, clock: _Clock
+    run: _Run, ddp: nn.Module | CompiledSteps, needs_w: bool, clock: TrainClock
 ) -> bool:
     """3. one optimiser step on this rank's share of the global batch; whether the time budget
     is spent."""
