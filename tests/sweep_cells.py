@@ -68,17 +68,20 @@ def train_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     """A cell that trains with :func:`attention_atlas.train.train` (a tiny model with dropout on
     the copy task, ``params["steps"]`` steps): its final validation loss, the history's losses
     and a checksum of the final weights. ``$SWEEP_TEST_KILL_AT_STEP``: SIGKILL its own process
-    right after that optimiser step (before that step's checkpoint), mid-cell."""
+    right after that optimiser step (before that step's checkpoint), mid-cell;
+    ``$SWEEP_TEST_STEP_SLEEP``: a pause of that many seconds in every step."""
 
     from attention_atlas.data import copy_task
     from attention_atlas.models import ModelConfig
     from attention_atlas.train import TrainConfig, loop, train
 
     kill_at = int(os.environ.get("SWEEP_TEST_KILL_AT_STEP", "0"))
+    pause = float(os.environ.get("SWEEP_TEST_STEP_SLEEP", "0"))
     real_step = loop._optimiser_step
 
     def step_then_maybe_die(run: Any, *args: Any) -> Any:
         out = real_step(run, *args)
+        time.sleep(pause)  # inside the step: training time
         if run.progress.step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no handlers: a real kill
         return out

@@ -19,6 +19,7 @@ from train_helpers import tiny_cfg
 
 from attention_atlas.data import copy_task
 from attention_atlas.models import ModelConfig
+from attention_atlas.provenance import Provenance
 from attention_atlas.records import read_records
 from attention_atlas.sweep import Cell, cell_key, run_sweep
 from attention_atlas.train import train
@@ -57,7 +58,8 @@ def uninterrupted(tmp_path_factory) -> dict:
 
 
 def _killed_runner(out: Path, kill_at: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SWEEP_TEST_KILL_AT_STEP": str(kill_at)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SWEEP_TEST_KILL_AT_STEP": str(kill_at),
+           "SWEEP_TEST_STEP_SLEEP": "0.5"}  # fmt: skip
     code = _RUNNER.format(tests=str(TESTS), out=str(out))
     proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=300)
     assert proc.returncode == -9, "the runner should die by SIGKILL mid-cell"
@@ -82,6 +84,13 @@ def test_a_runner_killed_mid_cell_resumes_the_cell_to_the_uninterrupted_record(
     assert json.loads((out / "cells" / f"{cell_key(CELL)}.json").read_text()) == record
     assert not (out / ".checkpoints" / cell_key(CELL)).exists()  # removed with the record
     assert record["train_cpu_s"] > saved["timing"]["cpu_s"] > 0  # it goes on from the saved
+    carried = saved["timing"]["t_train"] + saved["timing"]["interval_elapsed"]
+    # this attempt (well under a second of work) plus the training carried over (the killed
+    # attempt paused 0.5 s in each of its steps)
+    assert record["cell_seconds"] > carried >= 0.5 * last
+    text = Provenance.from_records([record, uninterrupted], source="stored", experiment="tiny",
+                                   preset="book", folder=out).text  # fmt: skip
+    assert "2 cells (1 resumed from checkpoints)" in text
 
 
 @pytest.mark.timeout(300)

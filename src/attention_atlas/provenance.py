@@ -106,6 +106,7 @@ class Provenance:
     devices: tuple[str, ...]  #: ``GPU <name>`` or ``CPU <model>, <n> thread(s)`` (+ compile)
     n_cells: int
     compute_seconds: float  #: sum of the cells' wall times
+    n_resumed: int = 0  #: cells resumed from checkpoints (``sweep --checkpoint-every``)
 
     @classmethod
     def from_records(
@@ -125,7 +126,8 @@ class Provenance:
                    + (", compiled steps" if p.get("compile") else "") for p in provs]  # fmt: skip
         return cls(source, experiment, preset, str(folder), unique([p.get("command") for p in provs]),
                    unique(commits), unique([days[0], days[-1]] if days else []), unique(devices),
-                   len(records), float(sum(r.get("cell_seconds", 0.0) for r in records)))  # fmt: skip
+                   len(records), float(sum(r.get("cell_seconds", 0.0) for r in records)),
+                   sum(bool(p.get("resumed_from")) for p in provs))  # fmt: skip
 
     @property
     def text(self) -> str:
@@ -134,8 +136,9 @@ class Provenance:
         command = f"`{self.commands[0]}`" if self.commands else f"a sweep into {self.folder}"
         if len(self.commands) > 1:
             command += f" (and {len(self.commands) - 1} more runs)"
+        resumed = f" ({self.n_resumed} resumed from checkpoints)" if self.n_resumed else ""
         return (f"{lead} {command}, {_listed(self.commits, 'commit')}, {' to '.join(self.dates) or 'date unknown'}, "
-                f"{_listed(self.devices, '')}; {self.n_cells} cells, {format_duration(self.compute_seconds)} of compute")  # fmt: skip
+                f"{_listed(self.devices, '')}; {self.n_cells} cells{resumed}, {format_duration(self.compute_seconds)} of compute")  # fmt: skip
 
     def __str__(self) -> str:
         return self.text

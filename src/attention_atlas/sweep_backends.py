@@ -68,8 +68,9 @@ def execute_cell(
     none): the cell's training runs checkpoint there and resume from what a killed earlier
     attempt left (:func:`~attention_atlas.train.resumable.resumable_training`); the folder is
     removed once the cell returns, and the environment lists the steps runs resumed from
-    (``resumed_from``) when any did. The wall time then counts this attempt only; the runs'
-    own ``train_time_s`` and ``train_cpu_s`` count every attempt's training."""
+    (``resumed_from``) when any did. A resumed cell's wall time is this attempt's plus the
+    training time its runs had spent before (what the checkpoints carried; an attempt's steps
+    after its last checkpoint, lost, are not counted), as its runs' ``train_time_s`` is."""
     import torch
 
     from .train.compiled import compiled_training
@@ -92,6 +93,7 @@ def execute_cell(
             env.update(compile=True, compile_fallbacks=list(state.fallbacks))
         if resumable is not None and resumable.resumed:
             env.update(resumed_from=list(resumable.resumed))
+            seconds += resumable.carried_s
     finally:
         torch.set_num_threads(before)
     if checkpoints is not None:

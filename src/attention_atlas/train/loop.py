@@ -119,7 +119,8 @@ def train(
                 run.ckpt_path, device, run.model, run.opt, run.sched, run.sampler, run.configs()
             )
             if run.slot is not None:  # a resumable_training block's run, resumed
-                run.slot.resumed_at(run.progress.step)
+                t = run.progress.timing  # the training time before, to the checkpoint
+                run.slot.resumed_at(run.progress.step, t["t_train"] + t["interval_elapsed"])
         return _train(run)
     finally:
         _set_deterministic(*det_before)

@@ -29,12 +29,14 @@ __all__ = ["Resumable", "Slot", "claim_slot", "resumable_training"]
 @dataclass
 class Resumable:
     """The state of a :func:`resumable_training` block: ``resumed``, the step each resumed run
-    started from (in run order; empty when nothing resumed)."""
+    started from (in run order; empty when nothing resumed), and ``carried_s``, the training
+    time (wall seconds) those runs had spent before, in earlier attempts."""
 
     folder: Path
     every: int
     runs: int = 0  # runs that claimed a slot so far
     resumed: list[int] = field(default_factory=list)
+    carried_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,10 @@ class Slot:
     every: int
     block: Resumable
 
-    def resumed_at(self, step: int) -> None:
+    def resumed_at(self, step: int, trained_s: float) -> None:
+        """The run resumed at ``step``, after ``trained_s`` seconds of training before."""
         self.block.resumed.append(int(step))
+        self.block.carried_s += float(trained_s)
 
 
 _ACTIVE: ContextVar[Resumable | None] = ContextVar("attention_atlas_resumable", default=None)
