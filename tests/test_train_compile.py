@@ -68,19 +68,23 @@ def test_a_compiled_fiber_bundle_run_computes_what_the_eager_run_computes():
         assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6), name
 
 
+def _no_compiler(module, **kwargs):
+    """A stand-in for ``torch.compile`` on a machine without a C++ compiler: the compiled
+    module raises inductor's error (its first line is what a fallback reports) when called."""
+
+    def call(*a, **k):
+        raise RuntimeError("InductorError: no working C++ compiler found\nmore lines")
+
+    return call
+
+
 def test_a_compiler_failure_warns_once_and_the_run_goes_on_eagerly(monkeypatch):
     data = toy_corpus(20)
     cfg = _quiet(TrainConfig(steps=3, batch_size=2, seq_len=16, seed=1))
     mcfg = ModelConfig(dim=16, n_layers=1, n_heads=2, max_len=16)
     eager = train(mcfg, cfg, data)
 
-    def no_compiler(module, **kwargs):
-        def call(*a, **k):
-            raise RuntimeError("InductorError: no working C++ compiler found\nmore lines")
-
-        return call
-
-    monkeypatch.setattr(torch, "compile", no_compiler)
+    monkeypatch.setattr(torch, "compile", _no_compiler)
     with pytest.warns(
         RuntimeWarning, match="torch.compile failed .*no working C.. compiler"
     ) as rec:
@@ -107,13 +111,7 @@ def test_compiled_training_compiles_every_run_inside_it_and_collects_fallbacks(m
         assert off is None and compiling() is None
         assert train(mcfg, cfg, data).record["train_config"]["compile"] is False
 
-    def no_compiler(module, **kwargs):
-        def call(*a, **k):
-            raise RuntimeError("InductorError: no working C++ compiler found")
-
-        return call
-
-    monkeypatch.setattr(torch, "compile", no_compiler)
+    monkeypatch.setattr(torch, "compile", _no_compiler)
     with pytest.warns(RuntimeWarning, match="torch.compile failed"):
         with compiled_training() as state:
             train(mcfg, cfg, data)
