@@ -1,6 +1,7 @@
 #!/bin/bash
 # One prepared run on a lent GPU machine (the device tool's `run`, from the repo root), sized to
-# fit one call: the kernel benchmark on the GPU (chapter 8's CUDA records), then as many cells of
+# fit one call: the kernel benchmark and the training steps on the GPU (chapter 8's CUDA
+# records), then as many cells of
 # chapter 4's long grid (the Fiber Bundle arms first: made on a GPU, they stay valid whatever
 # the CPU kernels become) and of chapter 5's as the time left allows. Everything it made comes
 # back as one file, $OUT/results.tgz (the results store's new records; extract it in the repo
@@ -33,11 +34,11 @@ DEVICE=${DEVICE:-cuda}
 WORKERS=${WORKERS:-8}
 LENGTHS=${LENGTHS:-256 512 1024 2048 4096 8192 16384}
 BUDGET=${BUDGET_S:-540}
-if [ -n "${SMOKE:-}" ]; then  # a rehearsal: smoke grids, a scratch results store
-    export ATTENTION_ATLAS_RESULTS=$OUT/store
-    PRESET=smoke
+if [ -n "${SMOKE:-}" ]; then  # a rehearsal: smoke grids, a scratch results store, one
+    export ATTENTION_ATLAS_RESULTS=$OUT/store  # variant's training step at the book shape
+    PRESET=smoke TRAIN_SHAPES=book TRAIN_VARIANTS=cofactor TRAIN_REPS=1 TRAIN_MIN_LEFT=60
 else
-    PRESET=long
+    PRESET=long TRAIN_SHAPES="book long" TRAIN_VARIANTS="" TRAIN_REPS=5 TRAIN_MIN_LEFT=240
 fi
 store=${ATTENTION_ATLAS_RESULTS:-$root/results}
 t0=$(date +%s)
@@ -52,6 +53,14 @@ EOF
 timeout $(($(left) / 3)) "$PY" -m attention_atlas bench --lengths $LENGTHS --device "$DEVICE" \
     --store > "$OUT/bench.txt" 2>&1 || echo "device_session: the benchmark stopped ($?)" >> "$OUT/bench.txt"
 tail -30 "$OUT/bench.txt"
+# 1b. training steps against dot at chapter 4's two shapes (chapter 8): train-<shape>.json
+for shape in $TRAIN_SHAPES; do
+    [ "$(left)" -gt "$TRAIN_MIN_LEFT" ] || break  # the sweeps keep most of the time
+    timeout 90 "$PY" -m attention_atlas bench --train $TRAIN_VARIANTS --shape $shape \
+        --device "$DEVICE" --reps "$TRAIN_REPS" --store >> "$OUT/bench-train.txt" 2>&1 \
+        || echo "device_session: bench --train $shape stopped ($?)" >> "$OUT/bench-train.txt"
+done
+grep -E "^(training|variant|[a-z_]+ +[0-9])|device_session" "$OUT/bench-train.txt" | tail -20
 # 2. the long grids' cells, Fiber Bundle arms first; a finished cell is a record, a stopped one
 #    leaves none (the next run resumes it)
 fbt="fbt fbt_reg-none fbt_noise fbt_reg-l2 fbt_alpha-0 fbt_rank-1 fbt_rank-8 fbt_kappa-0.1 fbt_kappa-10"
@@ -66,5 +75,5 @@ if [ -z "${STEPS_ONLY:-}" ]; then
     grep -E "^\[sweep\]|device_session" "$OUT/sweep.txt" | tail -20
 fi
 # 3. everything the store gained, as one file
-(cd "$store/.." && tar czf "$OUT/results.tgz" --exclude='*.lock' --exclude='.*.tmp' \
+(cd "$store/.." && tar czf "$OUT/results.tgz" --exclude='*.lock' --exclude='.*.tmp' --exclude='.checkpoints' \
     "$(basename "$store")") && ls -la "$OUT/results.tgz"

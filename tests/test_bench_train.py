@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -138,3 +139,25 @@ def test_command_line_bench_lengths_writes_a_record_and_rejects_bad_train_varian
     assert rec["provenance"]["command"].startswith("python -m attention_atlas")
     assert main(["bench", "--train", "flash"]) == 2
     assert "unknown variant 'flash'" in capsys.readouterr().err
+
+
+def _event(name, start, parent=None, seq=-1, cpu_us=0.0, device_us=0.0):
+    """A stand-in for a profiler event: what :func:`bench_train._attribute` reads of one."""
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start), cpu_parent=parent,
+                           sequence_nr=seq, self_cpu_time_total=cpu_us,
+                           self_device_time_total=device_us, flops=0, input_shapes=[])  # fmt: skip
+
+
+def test_phases_on_a_gpu_take_the_time_of_the_kernels_each_operator_launched():
+    rng = _event("atlas:geodesic_scores", 0)
+    fwd = _event("aten::bmm", 1, parent=rng, seq=7, cpu_us=100.0, device_us=40.0)
+    engine = _event("autograd::engine::evaluate_function: BmmBackward0", 2)
+    bwd = _event("aten::bmm", 3, parent=engine, seq=-1, cpu_us=200.0, device_us=70.0)
+    engine.sequence_nr = 7  # the backward node of the forward bmm
+    events = [rng, fwd, engine, bwd]
+    on_gpu = bench_train._attribute(events, with_flops=False, device_time=True)
+    on_cpu = bench_train._attribute(events, with_flops=False)
+    assert on_gpu["geodesic_scores"]["forward_s"] == pytest.approx(40e-6, rel=1e-12)
+    assert on_gpu["geodesic_scores"]["backward_s"] == pytest.approx(70e-6, rel=1e-12)
+    assert on_cpu["geodesic_scores"]["forward_s"] == pytest.approx(100e-6, rel=1e-12)
+    assert on_cpu["geodesic_scores"]["backward_s"] == pytest.approx(200e-6, rel=1e-12)

@@ -86,6 +86,8 @@ BAD = {
         (BENCH + ["dot", "--options", '{"euclidean": {}}'], "is not one of the variants"),
         (BENCH + ["euclidean", "--options", '{"euclidean": {"nosuch": 1}}'], "does not take"),
         (BENCH + ["dot", "--device", "gpu"], "--device: expected a torch device"),
+        (BENCH + ["--train", "--device", "gpu"], "--device: expected a torch device"),
+        (BENCH + ["--train", "--device", "cuda"], "'cuda' asked for, but CUDA is not available"),
         (BENCH + ["dot", "--dtype", "float8"], "argument --dtype: invalid choice"),
         (BENCH + ["dot", "-L", "abc"], "argument -L/--length: invalid int value"),
     ],

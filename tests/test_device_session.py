@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 )
 def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "SMOKE": "1", "DEVICE": "cpu", "NO_WHEELS": "1", "PYTHON": sys.executable,
-           "LENGTHS": "256", "BUDGET_S": "240", "WORKERS": "1", "OUT": str(tmp_path),
+           "LENGTHS": "256", "BUDGET_S": "300", "WORKERS": "1", "OUT": str(tmp_path),
            "ATTENTION_ATLAS_DATA": str(SHARED)}  # fmt: skip
     env.pop("ATTENTION_ATLAS_RESULTS", None)
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "device_session.sh")], env=env,
@@ -31,6 +31,7 @@ def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "results.tgz") as tar:
         names = tar.getnames()
     assert "store/bench/cpu/kernels-float32.json" in names
+    assert "store/bench/cpu/train-book.json" in names  # the training steps' record
     for grid, arms in (("fiber-bundle", ("fbt__", "fbt_reg-none__")), ("matroidal", ("",))):
         cells = [n for n in names if n.startswith(f"store/{grid}/smoke/cells/")]
         assert cells and all(n.endswith(".json") for n in cells), names

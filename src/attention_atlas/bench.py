@@ -215,6 +215,7 @@ def compare(
     meta: dict[str, Any] | None = None,
     json_path: str | os.PathLike[str] | None = None,
     clock: str = "wall",
+    device: torch.device | str | None = None,
 ) -> dict[str, Any]:
     """Time ``fn(*args)`` for each function (forward, and forward+backward) against ``baseline``.
 
@@ -235,6 +236,8 @@ def compare(
         clock: ``"wall"`` (default) or ``"cpu"``: this thread's CPU time (``time.thread_time``),
             which time-sharing with other processes does not inflate; for single-threaded CPU
             work only (``torch.set_num_threads(1)``).
+        device: where the functions compute (synchronised around each sample on a GPU);
+            default the device of the first tensor of ``args``, else the CPU.
 
     Returns:
         ``{"baseline", "device", "meta", "results": {name: {"forward": {...},
@@ -247,7 +250,10 @@ def compare(
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     tensors = [a for a in args if isinstance(a, Tensor)]
-    device = tensors[0].device if tensors else torch.device("cpu")
+    if device is not None:
+        device = torch.device(device)
+    else:
+        device = tensors[0].device if tensors else torch.device("cpu")
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     if clock == "cpu" and (device.type != "cpu" or torch.get_num_threads() != 1):

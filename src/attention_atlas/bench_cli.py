@@ -76,7 +76,8 @@ def add_subcommand(subparsers: Any) -> None:
     p.add_argument(
         "--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"]
     )
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None,
+                   help="where to run (cpu, cuda; default cpu), also for --train and --lengths")  # fmt: skip
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--no-backward", action="store_true")
     p.add_argument("--no-memory", action="store_true")
@@ -110,6 +111,15 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from_mapping(BenchSizes, sizes, "bench")
     if args.threads < 1:
         raise ConfigError(f"--threads: expected a positive integer, got {args.threads}")
+    if args.device is not None:
+        try:
+            dev = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise ConfigError(
+                f"--device: expected a torch device such as 'cpu' or 'cuda', got {args.device!r}"
+            ) from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"--device: {args.device!r} asked for, but CUDA is not available")
     if args.train:
         from .bench_train import SHAPES, TRAIN_VARIANTS
 
@@ -155,15 +165,6 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 f"--options: attention variant {name!r} does not take {bad[0]!r}; "
                 f"it takes: {', '.join(sorted(takes))}"
             )
-    if args.device is not None:
-        try:
-            dev = torch.device(args.device)
-        except (RuntimeError, ValueError):
-            raise ConfigError(
-                f"--device: expected a torch device such as 'cpu' or 'cuda', got {args.device!r}"
-            ) from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"--device: {args.device!r} asked for, but CUDA is not available")
     if args.json and Path(args.json).is_dir():
         raise ConfigError(f"--json: {args.json} is a folder, expected a file name")
     return options
@@ -192,7 +193,8 @@ def _cli_record(args: argparse.Namespace) -> int:
         from .bench_train import TRAIN_VARIANTS, bench_train, format_train_table
 
         rec = bench_train(args.variants or TRAIN_VARIANTS, args.shape, reps=args.reps,
-                          warmup=args.warmup, compiled=args.compile)  # fmt: skip
+                          warmup=args.warmup, compiled=args.compile,
+                          device=args.device or "cpu")  # fmt: skip
         text = format_train_table(rec)
     else:
         from .bench_scaling import KERNEL_VARIANTS, kernel_scaling

@@ -21,7 +21,8 @@ optimiser step (forward, loss, regularisers, backward, clipping, AdamW: the priv
    inflated; each phase's time is its least over the profiled
    steps (interruptions of a shared machine only add time); shares are of what remains, and a phase's
    milliseconds are its share of the unprofiled median step (approximate: the step's ratio to
-   dot is the measured number, the split of it an estimate);
+   dot is the measured number, the split of it an estimate); on a GPU a step is timed by the
+   wall clock (synchronised), an operator by the kernels it launched;
 3. **FLOPs** per phase, forward and backward, from the same attribution with the matrix-product
    FLOPs of each operator (``2 m n k`` per product, as
    :class:`torch.utils.flop_counter.FlopCounterMode` counts, SDPA included), and the model's
@@ -120,11 +121,13 @@ def train_setup(
     return ModelConfig(**model, attention=variant), train
 
 
-def _build_run(variant: str, shape: dict[str, int], data: TextCorpus, seed: int) -> Any:
+def _build_run(
+    variant: str, shape: dict[str, int], data: TextCorpus, seed: int, device: Any = "cpu"
+) -> Any:
     from .train.loop import _build
 
     mcfg, tcfg = train_setup(variant, shape, seed)
-    return _build(mcfg, tcfg, data, torch.device("cpu"), [])
+    return _build(mcfg, tcfg, data, torch.device(device), [])
 
 
 def _step_fn(run: Any, compiled: bool = False) -> Callable[[], torch.Tensor]:
@@ -214,8 +217,11 @@ def _op_flops(e: Any) -> int:
     return 0
 
 
-def _attribute(events: list[Any], with_flops: bool) -> dict[str, dict[str, float]]:
-    """Self CPU time (s) and matrix-product FLOPs of every event, by phase and part."""
+def _attribute(
+    events: list[Any], with_flops: bool, device_time: bool = False
+) -> dict[str, dict[str, float]]:
+    """Self time (s) and matrix-product FLOPs of every event, by phase and part: its CPU time,
+    or with ``device_time`` the time of the GPU kernels it launched (``self_device_time_total``)."""
     ranges: dict[int, str] = {}  # sequence number -> phase of its forward operator
     out: dict[str, dict[str, float]] = {}
 
@@ -248,7 +254,8 @@ def _attribute(events: list[Any], with_flops: bool) -> dict[str, dict[str, float
                                    "backward_flops": 0.0, "forward_events": 0.0,
                                    "backward_events": 0.0})  # fmt: skip
         col = "backward" if part == "backward" else "forward"
-        row[f"{col}_s"] += e.self_cpu_time_total * 1e-6
+        us = e.self_device_time_total if device_time else e.self_cpu_time_total
+        row[f"{col}_s"] += us * 1e-6
         row[f"{col}_events"] += 1
         if with_flops:
             row[f"{col}_flops"] += _op_flops(e)
@@ -278,7 +285,9 @@ def _profiler_cost_per_event(n: int = 2000) -> float:
     return max(0.0, min(costs))
 
 
-def profile_phases(step: Callable[[], Any], model: nn.Module, steps: int = 3) -> dict[str, Any]:
+def profile_phases(
+    step: Callable[[], Any], model: nn.Module, steps: int = 3, device: Any = "cpu"
+) -> dict[str, Any]:
     """Where one call of ``step`` (an optimiser step of ``model``) spends its time and FLOPs:
     ``{phase: {"forward_s", "backward_s", "forward_flops", "backward_flops", "share"}}``.
 
@@ -286,18 +295,24 @@ def profile_phases(step: Callable[[], Any], model: nn.Module, steps: int = 3) ->
     profiler's cost (:func:`_profiler_cost_per_event` per recorded operator); a phase's time is
     the least over the steps: the profiler's clock is wall time, and the machine's interruptions
     (an operator descheduled for milliseconds) only ever add to it. FLOPs come from one more
-    step profiled with shapes."""
+    step profiled with shapes. On a GPU (``device``) a phase's time is that of the kernels its
+    operators launched (the profiler's CUDA activity; the CPU's launch overhead, which the GPU
+    overlaps, is not counted and no correction is needed)."""
     from torch.profiler import ProfilerActivity, profile
 
     from .bench import _quiet_stderr_fd
 
     per_step: list[dict[str, dict[str, float]]] = []
+    gpu = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with _module_ranges(model), _quiet_stderr_fd():
-        per_event = _profiler_cost_per_event()
+        per_event = 0.0 if gpu else _profiler_cost_per_event()
         for _ in range(steps):
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=activities) as prof:
                 step()
-            one = _attribute(list(prof.events()), with_flops=False)
+                if gpu:
+                    torch.cuda.synchronize(device)
+            one = _attribute(list(prof.events()), with_flops=False, device_time=gpu)
             for r in one.values():
                 for part in ("forward", "backward"):
                     r[f"{part}_s"] = max(0.0, r[f"{part}_s"] - per_event * r[f"{part}_events"])
@@ -336,7 +351,7 @@ def _peek_batch(run: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _model_flops(run: Any) -> dict[str, int]:
     x, y = _peek_batch(run)
-    flops = measure_flops(run.model, x, y)
+    flops = measure_flops(run.model, x.to(run.device), y.to(run.device))
     if any(s["name"] == "cofactor" for s in run.cfg.regularizers):
         from .cofactor.penalty import cofactor_flops
 
@@ -361,6 +376,7 @@ def bench_train(
     seed: int = 0,
     data: TextCorpus | None = None,
     compiled: bool = False,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Time, profile and count one training step of each of ``variants`` against ``dot``.
 
@@ -373,6 +389,8 @@ def bench_train(
         compiled: also time each variant's step with its forward through ``torch.compile``
             (``TrainConfig(compile=True)``), in the same interleaved rounds: a second run of
             each variant from the same seed (record name ``train-<shape>-compiled``).
+        device: where the models train (``"cuda"``: timed by the wall clock with the GPU
+            synchronised, phases by the GPU time of their kernels; the record's ``device``).
 
     Returns:
         ``{"name", "kind": "train_step", "shape", "sizes", "baseline": "dot", "device",
@@ -392,18 +410,19 @@ def bench_train(
     if bad:
         raise ValueError(f"unknown training variant {bad[0]!r}; known: {', '.join(TRAIN_VARIANTS)}")
     corpus = data if data is not None else load_char_ptb()
-    runs = {v: _build_run(v, sizes, corpus, seed) for v in names}
+    dev = torch.device(device)
+    runs = {v: _build_run(v, sizes, corpus, seed, dev) for v in names}
     steps = {v: _step_fn(r) for v, r in runs.items()}
     if compiled:  # a second run of each, from the same seed, its forward compiled
         for v in names:
-            steps[v + COMPILED] = _step_fn(_build_run(v, sizes, corpus, seed), compiled=True)
-    clock = "cpu" if torch.get_num_threads() == 1 else "wall"
+            steps[v + COMPILED] = _step_fn(_build_run(v, sizes, corpus, seed, dev), compiled=True)
+    clock = "cpu" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
     timing = compare(steps, "dot", (), backward=False, warmup=warmup, reps=reps,
-                     min_sample_s=min_sample_s, memory=False, clock=clock)  # fmt: skip
+                     min_sample_s=min_sample_s, memory=False, clock=clock, device=dev)  # fmt: skip
     results: dict[str, Any] = {}
     for v, run in runs.items():
         t = dict(timing["results"][v]["forward"])
-        phases = profile_phases(steps[v], run.model, profile_steps)
+        phases = profile_phases(steps[v], run.model, profile_steps, dev)
         flops = _model_flops(run)
         flops["step_counted"] = sum(
             p["forward_flops"] + p["backward_flops"] for p in phases.values()
@@ -421,7 +440,7 @@ def bench_train(
     return {
         "name": name + ("-compiled" if compiled else ""),
         "kind": "train_step", "shape": shape if isinstance(shape, str) else "custom",
-        "sizes": sizes, "baseline": "dot", "device": "cpu", "threads": torch.get_num_threads(),
+        "sizes": sizes, "baseline": "dot", "device": dev.type, "threads": torch.get_num_threads(),
         "reps": reps, "clock": clock, "seconds": time.time() - t0, "results": results,
     }  # fmt: skip
 
