@@ -143,3 +143,15 @@ def test_a_block_without_a_folder_or_interval_changes_nothing(tmp_path: Path) ->
     with pytest.raises(ValueError, match="checkpoint interval must be a number of steps >= 0"):
         with resumable_training(tmp_path, -1):
             pass
+
+
+def test_a_folder_that_cannot_be_made_costs_the_checkpoints_not_the_run(tmp_path: Path) -> None:
+    data = copy_task(256, 64, length=6, vocab=5)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    plain = train(DROPOUT, tiny_cfg(steps=4), data)
+    with resumable_training(blocker / "checkpoints", 2) as block:
+        with pytest.warns(RuntimeWarning, match="no checkpoints for this run: cannot make"):
+            res = train(DROPOUT, tiny_cfg(steps=4), data)
+    assert block is not None and block.resumed == [] and blocker.is_file()
+    assert res.final["val_loss"] == plain.final["val_loss"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -84,12 +85,20 @@ def resumable_training(
 def claim_slot(*, writes_itself: bool, has_callbacks: bool) -> Slot | None:
     """The :class:`Slot` of the next run of the innermost :func:`resumable_training` block, or
     None (no block, or a run that writes its own checkpoints or takes callbacks; such a run
-    does not take a number, so the others keep theirs)."""
+    does not take a number, so the others keep theirs). A folder that cannot be made (a Dask
+    worker on another machine, say, where the runner's path does not exist) costs the run its
+    checkpoints, not its result: a :class:`RuntimeWarning` names it and the run goes on
+    without."""
     block = _ACTIVE.get()
     if block is None or writes_itself or has_callbacks:
         return None
     index = block.runs
     block.runs += 1
     path = block.folder / f"run{index}" / "checkpoint.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        warnings.warn(f"no checkpoints for this run: cannot make {path.parent} ({err})",
+                      RuntimeWarning, stacklevel=3)  # fmt: skip
+        return None
     return Slot(path, block.every, block)
