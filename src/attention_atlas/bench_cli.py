@@ -13,7 +13,14 @@ from typing import Any
 import torch
 
 from .bench import bench_attention, format_table
-from .validate import ConfigError, NonNegativeInt, PositiveInt, close_matches, from_mapping
+from .validate import (
+    ConfigError,
+    NonNegativeInt,
+    PositiveInt,
+    check_device,
+    close_matches,
+    from_mapping,
+)
 
 __all__ = ["BenchSizes", "add_subcommand", "check_bench_args"]
 
@@ -111,15 +118,7 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from_mapping(BenchSizes, sizes, "bench")
     if args.threads < 1:
         raise ConfigError(f"--threads: expected a positive integer, got {args.threads}")
-    if args.device is not None:
-        try:
-            dev = torch.device(args.device)
-        except (RuntimeError, ValueError):
-            raise ConfigError(
-                f"--device: expected a torch device such as 'cpu' or 'cuda', got {args.device!r}"
-            ) from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"--device: {args.device!r} asked for, but CUDA is not available")
+    check_device(args.device, "--device")
     if args.train:
         from .bench_train import SHAPES, TRAIN_VARIANTS
 

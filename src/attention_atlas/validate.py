@@ -24,6 +24,7 @@ from typing import Annotated, Any, TypeVar
 from annotated_types import Ge, Gt, Le, Lt
 
 __all__ = [
+    "check_device",
     "ConfigError",
     "Fraction",
     "InputError",
@@ -55,6 +56,28 @@ class InputError(Exception):
 class ConfigError(InputError, ValueError):
     """A setting (of a command, a config file or a config object) outside its type, range or
     relations, or naming something that does not exist. The message is one line."""
+
+
+def check_device(device: str | None, label: str) -> None:
+    """Raise :class:`ConfigError` (``"<label>: ..."``, one line) unless ``device`` (None: the
+    default) names a torch device this machine has."""
+    import torch
+
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"{label}: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{label}: {device!r} asked for, but CUDA is not available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"{label}: {device!r} asked for, but there are only "
+            f"{torch.cuda.device_count()} CUDA device(s)"
+        )
 
 
 def one_line(text: object, limit: int = 1000) -> str:

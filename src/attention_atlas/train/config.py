@@ -19,6 +19,7 @@ from ..validate import (
     PositiveFloat,
     PositiveInt,
     Probability,
+    check_device,
     check_fields,
     close_matches,
     from_mapping,
@@ -126,27 +127,7 @@ def check_run(cfg: TrainConfig) -> None:
                 raise ConfigError(f"{kind} {name!r}: weight must be a number, got {weight!r}")
             if not math.isfinite(weight):
                 raise ConfigError(f"{kind} {name!r}: weight must be finite, got {weight!r}")
-    _check_device(cfg.device)
-
-
-def _check_device(device: str | None) -> None:
-    import torch
-
-    if device is None:
-        return
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ConfigError(
-            f"train setting device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}"
-        ) from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train setting device: {device!r} asked for, but CUDA is not available")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(
-            f"train setting device: {device!r} asked for, but there are only "
-            f"{torch.cuda.device_count()} CUDA device(s)"
-        )
+    check_device(cfg.device, "train setting device")
 
 
 def check_model(cfg: ModelConfig) -> None:
