@@ -183,6 +183,23 @@ def test_the_results_command_lists_shows_and_verifies(
     assert "loss_final" in capsys.readouterr().out
 
 
+def test_the_list_says_what_an_unfinished_grid_still_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
+    run_experiment("toy", preset="smoke", params={"dims": [8, 16]}, seeds=[0, 1, 2],
+                   only=["dim-8"], log=None, progress=False)  # fmt: skip
+    cells = {json.loads(p.read_text())["seed"]: p for p in (tmp_path / "toy/smoke/cells").glob("*")}
+    cells.pop(2).unlink()  # dim-8 seed 2 missing: timed by dim-8's other cells, 10 and 20 s
+    for seed, seconds in ((0, 10.0), (1, 20.0)):
+        rec = json.loads(cells[seed].read_text())
+        cells[seed].write_text(json.dumps({**rec, "cell_seconds": seconds}))
+    assert main(["results", "list"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "smoke" in line)
+    assert "2/6" in row and "30 s" in row  # stored
+    assert row.rstrip().endswith("15 s + 3 cells not timed yet")  # dim-16 has no cell yet
+
+
 def test_a_record_too_large_for_the_store_is_written_with_a_warning(tmp_path: Path) -> None:
     from attention_atlas.records import MAX_RECORD_BYTES
     from attention_atlas.sweep import Cell, run_sweep

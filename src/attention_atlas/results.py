@@ -278,6 +278,19 @@ def stored_or_run(
 # ----------------------------------------------------------------------------------------
 
 
+def _to_go(grid: Grid) -> str:
+    """The compute a grid's missing cells would take, each at the mean time of its
+    configuration's stored cells (``""`` when complete; cells of configurations with none
+    stored yet are counted apart)."""
+    if not grid.missing:
+        return ""
+    mean = grid.frame.groupby("config")["cell_seconds"].mean() if len(grid.frame) else {}
+    known = [float(mean[c]) for c, _ in grid.missing if c in mean]
+    unknown = len(grid.missing) - len(known)
+    text = f"{format_duration(sum(known))}" if known else ""
+    return text + (f"{' + ' if text else ''}{unknown} cells not timed yet" if unknown else "")
+
+
 def _volatile(name: str, patterns: Sequence[str]) -> bool:
     return bool(_VOLATILE.search(name)) or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -477,7 +490,7 @@ def _cli_results(args: Any) -> int:
         rows.append({"experiment": m["experiment"], "preset": manifest_path.parent.name,
                      "cells": f"{pv.n_cells}/{pv.n_cells + len(g.missing)}", "seeds": len(m["seeds"]),
                      "commits": " ".join(pv.commits), "devices": "; ".join(pv.devices),
-                     "compute": format_duration(pv.compute_seconds)})  # fmt: skip
+                     "compute": format_duration(pv.compute_seconds), "to go": _to_go(g)})  # fmt: skip
     print(
         pd.DataFrame(rows).to_string(index=False)
         if rows
