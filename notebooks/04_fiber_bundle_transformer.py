@@ -113,7 +113,7 @@ from attention_atlas.experiments import fiber_bundle as fb
 from attention_atlas.experiments import fiber_bundle_verdicts as V
 from attention_atlas.experiments.fiber_bundle_analysis import TYPE_NAMES
 from attention_atlas.models import PHASES
-from attention_atlas.stats import mean_interval
+from attention_atlas.stats import mean_interval, seed_range
 
 t_chapter = time.perf_counter()
 grid_kwargs = {
@@ -540,8 +540,8 @@ dfro = runs.last_logged("fbt", "delta_fro")
 assert iso["cayley"].max() < 1e-6, "the Cayley transport must be orthogonal to rounding"
 small = float(dfro.mean()) < 0.3
 viz.markdown(
-    f"After training, $\\lVert\\Delta_t\\rVert_F$ = {mean_interval(dfro).format(3)} and the isometry "
-    f"error $\\lVert P^\\top P - I\\rVert_F$ is {mean_interval(iso['linear']).format(3)} for "
+    f"After training, $\\lVert\\Delta_t\\rVert_F$ = {seed_range(dfro)} and the isometry "
+    f"error $\\lVert P^\\top P - I\\rVert_F$ is {seed_range(iso['linear'])} for "
     f"$P = I + \\Delta$ against {iso['cayley'].max():.1e} (at most) for the Cayley form: the learned "
     + ("transport is small, so the linear form's second-order defect is small too."
        if small else "transport is *not* small, and $P = I + \\Delta$ is far from an isometry; only "

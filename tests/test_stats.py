@@ -114,3 +114,12 @@ def test_verdict_needs_three_runs_and_a_positive_sesoi() -> None:
     assert verdict(None, sesoi=0.1).outcome == "not tested"
     with pytest.raises(ValueError, match="sesoi"):
         verdict(Interval(1.0, 0.5, 1.5, 3), sesoi=0.0)
+
+
+def test_seed_range_describes_runs_by_their_mean_and_extremes() -> None:
+    from attention_atlas.stats import seed_range
+
+    assert seed_range([2.0, 1.0, 6.0]) == "3.000 (1.000 to 6.000 over 3 seeds)"
+    assert seed_range([0.5], digits=1) == "0.5 (one seed)"
+    with pytest.raises(ValueError, match="finite numbers"):
+        seed_range([1.0, float("nan")])

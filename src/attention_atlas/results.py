@@ -284,7 +284,7 @@ def _to_go(grid: Grid) -> str:
     stored yet are counted apart)."""
     if not grid.missing:
         return ""
-    mean = grid.frame.groupby("config")["cell_seconds"].mean() if len(grid.frame) else {}
+    mean: Any = grid.frame.groupby("config")["cell_seconds"].mean() if len(grid.frame) else {}
     known = [float(mean[c]) for c, _ in grid.missing if c in mean]
     unknown = len(grid.missing) - len(known)
     text = f"{format_duration(sum(known))}" if known else ""

@@ -31,6 +31,7 @@ __all__ = [
     "mean_ci",
     "mean_interval",
     "paired_difference",
+    "seed_range",
     "summarise",
     "verdict",
 ]
@@ -140,6 +141,19 @@ def mean_interval(values: Any, level: float = 0.95) -> Interval:
         raise ValueError(f"values must be finite, got {x.tolist()}")
     m, lo, hi = interval(x, 0, level)
     return Interval(float(m), float(lo), float(hi), int(x.size), level)
+
+
+def seed_range(values: Any, digits: int = 3) -> str:
+    """``"mean (min to max over n seeds)"`` of a 1-D sequence of runs: how a quantity that no
+    claim rests on came out, where a t-interval would mislead (a norm over three seeds whose
+    interval reaches below zero, say)."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or x.size == 0 or not np.isfinite(x).all():
+        raise ValueError(f"values must be a non-empty 1-D sequence of finite numbers, got {x!r}")
+    f = f".{digits}f"
+    if x.size == 1:
+        return f"{x[0]:{f}} (one seed)"
+    return f"{x.mean():{f}} ({x.min():{f}} to {x.max():{f}} over {x.size} seeds)"
 
 
 def paired_difference(a: Any, b: Any, level: float = 0.95) -> Interval:
