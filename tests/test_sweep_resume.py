@@ -155,3 +155,17 @@ def test_a_folder_that_cannot_be_made_costs_the_checkpoints_not_the_run(tmp_path
             res = train(DROPOUT, tiny_cfg(steps=4), data)
     assert block is not None and block.resumed == [] and blocker.is_file()
     assert res.final["val_loss"] == plain.final["val_loss"]
+
+
+@pytest.mark.timeout(300)
+def test_checkpointed_cells_in_a_process_pool_make_the_records_of_this_process(
+    tmp_path: Path, uninterrupted: dict
+) -> None:
+    cells = [CELL, Cell("tiny", 4, {"steps": 14})]
+    run_sweep(cells, sweep_cells.train_cell, tmp_path / "pool", workers=2, checkpoint_every=4,
+              log=None)  # fmt: skip
+    run_sweep(cells, sweep_cells.train_cell, tmp_path / "here", log=None)
+    pool = {r["seed"]: _metrics(r) for r in read_records(tmp_path / "pool")}
+    here = {r["seed"]: _metrics(r) for r in read_records(tmp_path / "here")}
+    assert pool == here and pool[3] == _metrics(uninterrupted)
+    assert not any((tmp_path / "pool" / ".checkpoints").iterdir())  # each removed with its cell
