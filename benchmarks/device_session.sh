@@ -1,11 +1,11 @@
 #!/bin/bash
 # One prepared run on a lent GPU machine (the device tool's `run`, from the repo root), sized to
 # fit one call: the kernel benchmark and the training steps on the GPU (chapter 8's CUDA
-# records), then as many cells of
-# chapter 4's long grid (the Fiber Bundle arms first: made on a GPU, they stay valid whatever
-# the CPU kernels become) and of chapter 5's as the time left allows. Everything it made comes
-# back as one file, $OUT/results.tgz (the results store's new records; extract it in the repo
-# root, check with `python -m attention_atlas results list`, commit).
+# records), then as many cells of chapter 4's long grid (the Fiber Bundle arms first: made on a
+# GPU, they stay valid whatever the CPU kernels become) and of chapter 5's as the time left
+# allows. Everything it made comes back as one file, $OUT/results.tgz (the results store's new
+# records; extract it in the repo root, check with `python -m attention_atlas results list`,
+# commit).
 #
 #   here:   bash benchmarks/device_prepare.sh          # wheels (.whl/) and data (.devdata/)
 #   device: run(command="bash benchmarks/device_session.sh", carry=[".whl", ".devdata"],

@@ -226,8 +226,8 @@ def _drive(
                 locks.release(key)
                 bar.update(1)
             else:
-                if not resume and how.folder(key):
-                    shutil.rmtree(str(how.folder(key)), ignore_errors=True)
+                if (folder := how.folder(key)) is not None and not resume:  # start afresh
+                    shutil.rmtree(folder, ignore_errors=True)
                 fut = exe.submit(execute_cell, run_cell, cell.params, cell.seed, *how.args(key))
                 inflight[fut] = (cell, key)
         if not inflight:
