@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import torch
 
 from attention_atlas import results
 from attention_atlas.__main__ import main
@@ -194,10 +195,21 @@ def test_the_list_says_what_an_unfinished_grid_still_needs(
     for seed, seconds in ((0, 10.0), (1, 20.0)):
         rec = json.loads(cells[seed].read_text())
         cells[seed].write_text(json.dumps({**rec, "cell_seconds": seconds}))
+    # a killed runner's checkpoints: dim-8 seed 2 at step 3 of 10, and one that cannot be read
+    flight = tmp_path / "toy/smoke/.checkpoints"
+    for name, seed, payload in (("dim-8", 2, {"step": 3, "train_config": {"steps": 10}}),
+                                ("dim-16", 0, None)):  # fmt: skip
+        ckpt = flight / f"{name}__seed{seed}__0123456789ab" / "run0" / "checkpoint.pt"
+        ckpt.parent.mkdir(parents=True)
+        if payload is None:
+            ckpt.write_bytes(b"not a checkpoint")
+        else:
+            torch.save(payload, ckpt)
     assert main(["results", "list"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if "smoke" in line)
     assert "2/6" in row and "30 s" in row  # stored
-    assert row.rstrip().endswith("15 s + 3 cells not timed yet")  # dim-16 has no cell yet
+    assert "15 s + 3 cells not timed yet" in row  # dim-16 has no cell yet
+    assert row.rstrip().endswith("dim-16__seed0 ?; dim-8__seed2 3/10")  # in flight
 
 
 def test_a_record_too_large_for_the_store_is_written_with_a_warning(tmp_path: Path) -> None:

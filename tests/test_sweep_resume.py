@@ -23,7 +23,7 @@ from attention_atlas.provenance import Provenance
 from attention_atlas.records import read_records
 from attention_atlas.sweep import Cell, cell_key, run_sweep
 from attention_atlas.train import train
-from attention_atlas.train.resumable import claim_slot, resumable_training
+from attention_atlas.train.resumable import claim_slot, in_flight, resumable_training
 
 torch.set_num_threads(1)
 
@@ -77,12 +77,14 @@ def test_a_runner_killed_mid_cell_resumes_the_cell_to_the_uninterrupted_record(
     saved = torch.load(ckpt, weights_only=False)
     last = kill_at // 4 * 4  # the last checkpoint written (every 4 steps)
     assert saved["step"] == last
+    assert in_flight(out) == {cell_key(CELL): [(last, 14)]}  # what `results list` shows
     run_sweep([CELL], sweep_cells.train_cell, out, checkpoint_every=4, log=None)
     (record,) = read_records(out)
     assert _metrics(record) == _metrics(uninterrupted)  # bit for bit
     assert record["provenance"]["resumed_from"] == [last]
     assert json.loads((out / "cells" / f"{cell_key(CELL)}.json").read_text()) == record
     assert not (out / ".checkpoints" / cell_key(CELL)).exists()  # removed with the record
+    assert in_flight(out) == {}
     assert record["train_cpu_s"] > saved["timing"]["cpu_s"] > 0  # it goes on from the saved
     carried = saved["timing"]["t_train"] + saved["timing"]["interval_elapsed"]
     # this attempt (well under a second of work) plus the training carried over (the killed

@@ -41,7 +41,7 @@ COMMANDS: dict[str, str] = {
     "train": "attention_atlas.train.cli",
     "bench": "attention_atlas.bench_cli",
     "sweep": "attention_atlas.sweep",
-    "results": "attention_atlas.results",
+    "results": "attention_atlas.results_cli",
     "data": "attention_atlas.data.cli",
     "claims": "attention_atlas.claims",
     "lab": "attention_atlas.lab",  # registers lab and serve

@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from .provenance import Provenance, format_duration
+from .provenance import Provenance
 from .records import RESERVED, CellLocks, canonical, cell_key, config_hash, make_cells, write_atomic
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "Grid",
     "IncompleteGrid",
     "Provenance",
-    "add_subcommand",
     "load_grid",
     "results_root",
     "store_dir",
@@ -278,19 +277,6 @@ def stored_or_run(
 # ----------------------------------------------------------------------------------------
 
 
-def _to_go(grid: Grid) -> str:
-    """The compute a grid's missing cells would take, each at the mean time of its
-    configuration's stored cells (``""`` when complete; cells of configurations with none
-    stored yet are counted apart)."""
-    if not grid.missing:
-        return ""
-    mean: Any = grid.frame.groupby("config")["cell_seconds"].mean() if len(grid.frame) else {}
-    known = [float(mean[c]) for c, _ in grid.missing if c in mean]
-    unknown = len(grid.missing) - len(known)
-    text = f"{format_duration(sum(known))}" if known else ""
-    return text + (f"{' + ' if text else ''}{unknown} cells not timed yet" if unknown else "")
-
-
 def _volatile(name: str, patterns: Sequence[str]) -> bool:
     return bool(_VOLATILE.search(name)) or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -426,74 +412,3 @@ def verify(
         if log is not None:
             log(f"[verify] {path.relative_to(base)}: {outcomes[-1].status}: {outcomes[-1].detail}")
     return outcomes
-
-
-# ----------------------------------------------------------------------------------------
-# command line: results list | show | verify
-# ----------------------------------------------------------------------------------------
-
-
-def add_subcommand(subparsers: Any) -> None:
-    """Register ``results`` on the command line (see :mod:`attention_atlas.__main__`)."""
-    p = subparsers.add_parser("results", help="the stored results: list, show, verify",
-                              description="The results store (results/<experiment>/<preset>/).")  # fmt: skip
-    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    sub.add_parser("list", help="every stored grid: cells, seeds, commits, devices, compute time")
-    show = sub.add_parser("show", help="one grid: provenance and per-configuration means")
-    show.add_argument("experiment")
-    show.add_argument("preset")
-    show.add_argument(
-        "--columns", nargs="+", default=None, help="metrics to show (default: first 6)"
-    )
-    ver = sub.add_parser("verify", help="re-run stored cells and check that they reproduce")
-    ver.add_argument("--sample", type=int, default=1, help="cells to re-run (default 1)")
-    ver.add_argument("--experiment", default=None, help="only this experiment")
-    ver.add_argument("--preset", default=None, help="only this preset")
-    ver.add_argument("--seed", type=int, default=0, help="seed of the random choice of cells")
-    ver.add_argument(
-        "--rtol", type=float, default=RTOL, help=f"tolerance off the same CPU (default {RTOL:g})"
-    )
-    for q in (p, *sub.choices.values()):
-        q.set_defaults(func=_cli_results)
-
-
-def _cli_results(args: Any) -> int:
-    if args.action == "verify":
-        outcomes = verify(args.sample, experiment=args.experiment, preset=args.preset,
-                          rtol=args.rtol, seed=args.seed)  # fmt: skip
-        counts = {
-            s: sum(o.status == s for o in outcomes)
-            for s in ("exact", "close", "differs", "skipped")
-        }
-        print("[verify] " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-        return 1 if counts["differs"] or counts["exact"] + counts["close"] == 0 else 0
-    if args.action == "show":
-        grid = load_grid(args.experiment, args.preset, complete=False)
-        print(grid.provenance.text)
-        if grid.missing:
-            print(f"missing: {len(grid.missing)} cells, e.g. {grid.missing[:3]}")
-        if len(grid.frame):
-            skip = {"seed", "cell_seconds"}
-            cols = (
-                args.columns
-                or [c for c in grid.frame.select_dtypes("number").columns if c not in skip][:6]
-            )
-            table = grid.frame.groupby("config", sort=False)[cols].mean()
-            table.insert(0, "seeds", grid.frame.groupby("config", sort=False)["seed"].count())
-            print(table.to_string())
-        return 0
-    rows = []
-    for manifest_path in sorted(results_root().glob("*/*/grid.json")):
-        m = json.loads(manifest_path.read_text())
-        g = load_grid(m["experiment"], manifest_path.parent.name, complete=False)
-        pv = g.provenance
-        rows.append({"experiment": m["experiment"], "preset": manifest_path.parent.name,
-                     "cells": f"{pv.n_cells}/{pv.n_cells + len(g.missing)}", "seeds": len(m["seeds"]),
-                     "commits": " ".join(pv.commits), "devices": "; ".join(pv.devices),
-                     "compute": format_duration(pv.compute_seconds), "to go": _to_go(g)})  # fmt: skip
-    print(
-        pd.DataFrame(rows).to_string(index=False)
-        if rows
-        else f"nothing stored under {results_root()}"
-    )
-    return 0

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Resumable", "Slot", "claim_slot", "resumable_training"]
+__all__ = ["Resumable", "Slot", "claim_slot", "in_flight", "resumable_training"]
 
 
 @dataclass
@@ -102,3 +103,27 @@ def claim_slot(*, writes_itself: bool, has_callbacks: bool) -> Slot | None:
                       RuntimeWarning, stacklevel=3)  # fmt: skip
         return None
     return Slot(path, block.every, block)
+
+
+def in_flight(out: str | os.PathLike[str]) -> dict[str, list[tuple[int, int]]]:
+    """The cells in flight in the sweep folder ``out``, checkpointed (``sweep --checkpoint-every``)
+    by a runner that is running them or was killed before they returned: ``{cell key: [(step,
+    steps), ...]}`` in key order, one pair per checkpointed run in run order, the step the next
+    runner resumes that run from and the run's steps; ``(-1, -1)`` for a checkpoint that cannot
+    be read. Empty when there are none. Each checkpoint is opened memory-mapped (the weights
+    are not read)."""
+    import torch
+
+    found: dict[str, list[tuple[int, int]]] = {}
+    for cell in sorted(p for p in (Path(out) / ".checkpoints").glob("*") if p.is_dir()):
+        runs = []
+        paths = sorted(cell.glob("run*/checkpoint.pt"), key=lambda p: int(p.parent.name[3:] or 0))
+        for path in paths:
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+                runs.append((int(state["step"]), int(state["train_config"]["steps"])))
+            except (OSError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError):
+                runs.append((-1, -1))
+        if runs:
+            found[cell.name] = runs
+    return found
