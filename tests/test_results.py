@@ -210,6 +210,11 @@ def test_the_list_says_what_an_unfinished_grid_still_needs(
     assert "2/6" in row and "30 s" in row  # stored
     assert "15 s + 3 cells not timed yet" in row  # dim-16 has no cell yet
     assert row.rstrip().endswith("dim-16__seed0 ?; dim-8__seed2 3/10")  # in flight
+    assert main(["results", "show", "toy", "smoke"]) == 0
+    assert (
+        "in flight (step/steps of their checkpoints, where a runner resumes): dim-16__seed0 ?; "
+        "dim-8__seed2 3/10\n" in capsys.readouterr().out
+    )
 
 
 def test_a_record_too_large_for_the_store_is_written_with_a_warning(tmp_path: Path) -> None:
