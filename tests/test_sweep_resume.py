@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,11 @@ def test_a_runner_killed_mid_cell_resumes_the_cell_to_the_uninterrupted_record(
     # this attempt (well under a second of work) plus the training carried over (the killed
     # attempt paused 0.5 s in each of its steps)
     assert record["cell_seconds"] > carried >= 0.5 * last
+    # the clock times are this attempt's: it finished before now, not `carried` seconds later
+    started, finished = (
+        datetime.fromisoformat(record["provenance"][k]) for k in ("started", "finished")
+    )
+    assert started <= finished <= datetime.now(UTC)
     text = Provenance.from_records([record, uninterrupted], source="stored", experiment="tiny",
                                    preset="book", folder=out).text  # fmt: skip
     assert "2 cells (1 resumed from checkpoints)" in text

@@ -276,7 +276,7 @@ def _record(cell: Cell, key: str, out: dict[str, Any], context: dict[str, Any]) 
         **out["metrics"],
         "params": jsonable(cell.params, "params"),
         "provenance": {**context, "started": iso(out["started"]),
-                       "finished": iso(out["started"] + out["cell_seconds"]), **env},
+                       "finished": iso(out["finished"]), **env},
     }  # fmt: skip
 
 

@@ -70,7 +70,8 @@ def execute_cell(
     removed once the cell returns, and the environment lists the steps runs resumed from
     (``resumed_from``) when any did. A resumed cell's wall time is this attempt's plus the
     training time its runs had spent before (what the checkpoints carried; an attempt's steps
-    after its last checkpoint, lost, are not counted), as its runs' ``train_time_s`` is."""
+    after its last checkpoint, lost, are not counted), as its runs' ``train_time_s`` is;
+    ``started`` and ``finished`` are this attempt's clock times."""
     import torch
 
     from .train.compiled import compiled_training
@@ -104,7 +105,7 @@ def execute_cell(
     if clash:
         raise ValueError(f"run_cell returned metric(s) {clash} named like record fields {RESERVED}")
     return {"metrics": jsonable(metrics, "metrics"), "cell_seconds": seconds,
-            "started": started, "environment": env}  # fmt: skip
+            "started": started, "finished": time.time(), "environment": env}  # fmt: skip
 
 
 class WorkerLost(RuntimeError):
