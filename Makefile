@@ -35,16 +35,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# unit tests, a smoke run of every chapter, the book built from them, the browser test
+# unit tests, a smoke run of every chapter, the book built from them, the browser test; as two
+# pytest processes at once (tests/parallel.py: the smoke-chapter files, the rest), or one
+# process when PYTEST_ARGS selects tests
 pytest: $(STAMP) $(VENDOR_STAMP)
-	$(BIN)/python -m pytest -m "not live" $(PYTEST_ARGS)
+	$(BIN)/python tests/parallel.py -m "not live" $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
 # the live tests (CI runs them after make test): each chapter with a main control run with its
-# SMOKE values in JupyterLab and in the live book (make serve), its control moved in Chromium
+# SMOKE values in JupyterLab and in the live book (make serve), its control moved in Chromium;
+# the two live files as two pytest processes at once (tests/parallel.py)
 test-live: $(STAMP) $(VENDOR_STAMP)
-	$(BIN)/python -m pytest -m live $(PYTEST_ARGS)
+	$(BIN)/python tests/parallel.py -m live $(PYTEST_ARGS)
 
 # Jupyter Book's execution cache keys on each chapter's own source; a change to the library
 # (src/) or to the lock must re-run the chapters too, so it empties the cache, and Sphinx's

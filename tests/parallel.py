@@ -1,0 +1,83 @@
+"""Run the tests as concurrent pytest processes (shards) and fail if any of them fails: ``make
+test`` and ``make test-live`` use it, so the two cores CI has both work.
+
+    python tests/parallel.py -m "not live"     # two shards: the smoke-chapter files, the rest
+    python tests/parallel.py -m live           # one shard per live file (its own servers)
+    python tests/parallel.py -m "not live" -k cofactor   # more pytest arguments: one process
+
+The shards split by file, so a module's fixtures are made once; the files that share the
+smoke-executed chapters and the book built from them (``conftest.py``'s session fixtures) are
+one shard. (pytest-xdist's ``--dist loadgroup`` would do this, but under this pytest, 9.2, its
+groups are not applied and the chapters ran once per worker.) Each shard's output is printed
+whole when it ends, then one line per shard: its exit status and seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+#: the files whose tests use the smoke-executed chapters (``smoke_runs``, ``smoke_book``)
+SMOKE_FILES = ("test_notebooks.py", "test_book.py", "test_browser.py")
+
+
+def live_files(tests: Path = TESTS) -> list[str]:
+    """The test files marked ``live``, one shard each (each starts its own servers)."""
+    marked = re.compile(r"^pytestmark = .*pytest\.mark\.live\b", re.MULTILINE)
+    return sorted(p.name for p in tests.glob("test_*.py") if marked.search(p.read_text()))
+
+
+def shards(marker: str, tests: Path = TESTS) -> list[list[str]]:
+    """pytest arguments of each shard for ``-m marker`` (``"live"`` or ``"not live"``)."""
+    if marker == "live":
+        return [[str(tests / name)] for name in live_files(tests)]
+    if marker == "not live":
+        smoke = [str(tests / name) for name in SMOKE_FILES if (tests / name).exists()]
+        rest = [str(tests)] + [f"--ignore={path}" for path in smoke]
+        return [smoke, rest] if smoke else [rest]
+    raise SystemExit(f"parallel.py: -m must be 'live' or 'not live', got {marker!r}")
+
+
+def main(argv: list[str], tests: Path = TESTS) -> int:
+    if len(argv) < 2 or argv[0] != "-m":
+        raise SystemExit(f"usage: parallel.py -m 'live'|'not live' [pytest args], got {argv}")
+    marker, extra = argv[1], argv[2:]
+    base = [sys.executable, "-m", "pytest", "-m", marker]
+    if extra:  # a selection of its own: one process, as pytest would run it
+        return subprocess.call([*base, *extra])
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
+        for i, args in enumerate(shards(marker, tests)):
+            log = open(Path(tmp) / f"shard{i}.log", "w+")  # noqa: SIM115 (closed below)
+            cmd = [*base, *args]
+            print(f"[parallel] shard {i}: {' '.join(cmd[1:])}", flush=True)
+            procs.append((i, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        start, status = time.monotonic(), {}
+        try:
+            while len(status) < len(procs):
+                for i, proc, log in procs:
+                    if i in status or proc.poll() is None:
+                        continue
+                    status[i] = (proc.returncode, time.monotonic() - start)
+                    log.seek(0)
+                    sys.stdout.write(log.read())
+                    log.close()
+                    print(f"[parallel] shard {i} ended: exit {proc.returncode}", flush=True)
+                time.sleep(0.5)
+        finally:  # interrupted: no shard outlives the runner
+            for _, proc, _ in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait()
+    for i, (rc, seconds) in sorted(status.items()):
+        print(f"[parallel] shard {i}: exit {rc} after {seconds:.0f} s")
+    return next((rc for rc, _ in status.values() if rc), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

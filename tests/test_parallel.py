@@ -1,0 +1,45 @@
+"""tests/parallel.py, the shard runner of make test and make test-live: every test file in
+exactly one shard, and a failing shard fails the run with every shard's output shown."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import parallel  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_the_shards_cover_every_test_file_once_with_the_smoke_files_together() -> None:
+    smoke, rest = parallel.shards("not live")
+    assert sorted(Path(p).name for p in smoke) == sorted(parallel.SMOKE_FILES)
+    assert rest[0] == str(TESTS)
+    assert sorted(Path(a.split("=", 1)[1]).name for a in rest[1:]) == sorted(parallel.SMOKE_FILES)
+    live = parallel.shards("live")
+    assert [Path(s[0]).name for s in live] == ["test_lab_browser.py", "test_live_book.py"]
+    assert all(len(s) == 1 for s in live)
+
+
+def test_a_failing_shard_fails_the_run_and_every_output_is_shown(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "conftest.py").write_text("")
+    body = "import pytest\npytestmark = pytest.mark.live\n"
+    (tmp_path / "test_ok.py").write_text(body + "def test_passes():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "test_bad.py").write_text(body + "def test_fails():\n    assert 1 + 1 == 3\n")
+    rc = parallel.main(["-m", "live"], tests=tmp_path)
+    out = capfd.readouterr().out
+    assert rc == 1, out
+    assert "test_bad.py F" in out and "test_ok.py ." in out, out
+    assert "shard 0: exit 1" in out and "shard 1: exit 0" in out, out
+    (tmp_path / "test_bad.py").unlink()
+    assert parallel.main(["-m", "live"], tests=tmp_path) == 0
+
+
+def test_a_marker_other_than_live_or_not_live_is_refused() -> None:
+    with pytest.raises(SystemExit, match="must be 'live' or 'not live', got 'slow'"):
+        parallel.shards("slow")
