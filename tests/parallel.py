@@ -10,12 +10,14 @@ The shards split by file, so a module's fixtures are made once; the files that s
 smoke-executed chapters and the book built from them (``conftest.py``'s session fixtures) are
 one shard. (pytest-xdist's ``--dist loadgroup`` would do this, but under this pytest, 9.2, its
 groups are not applied and the chapters ran once per worker.) Each shard's output is printed
-whole when it ends, then one line per shard: its exit status and seconds.
+whole when it ends, then one line per shard: its exit status and seconds. Stopped (Ctrl-C or
+SIGTERM), it stops its shards and prints what each had written.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,11 @@ def shards(marker: str, tests: Path = TESTS) -> list[list[str]]:
     raise SystemExit(f"parallel.py: -m must be 'live' or 'not live', got {marker!r}")
 
 
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM (a CI job cancelled, ``timeout``): unwind through ``main``'s clean-up."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str], tests: Path = TESTS) -> int:
     if len(argv) < 2 or argv[0] != "-m":
         raise SystemExit(f"usage: parallel.py -m 'live'|'not live' [pytest args], got {argv}")
@@ -54,6 +61,7 @@ def main(argv: list[str], tests: Path = TESTS) -> int:
     base = [sys.executable, "-m", "pytest", "-m", marker]
     if extra:  # a selection of its own: one process, as pytest would run it
         return subprocess.call([*base, *extra])
+    signal.signal(signal.SIGTERM, _stop)
     procs = []
     with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
         for i, args in enumerate(shards(marker, tests)):
@@ -73,11 +81,17 @@ def main(argv: list[str], tests: Path = TESTS) -> int:
                     log.close()
                     print(f"[parallel] shard {i} ended: exit {proc.returncode}", flush=True)
                 time.sleep(0.5)
-        finally:  # interrupted: no shard outlives the runner
-            for _, proc, _ in procs:
+        finally:  # stopped (Ctrl-C, SIGTERM): no shard outlives the runner, no output is lost
+            for i, proc, log in procs:
+                if i in status:
+                    continue
                 if proc.poll() is None:
                     proc.terminate()
                     proc.wait()
+                log.seek(0)
+                sys.stdout.write(log.read())
+                log.close()
+                print(f"[parallel] shard {i} stopped: its output so far is above", flush=True)
     for i, (rc, seconds) in sorted(status.items()):
         print(f"[parallel] shard {i}: exit {rc} after {seconds:.0f} s")
     return next((rc for rc, _ in status.values() if rc), 0)

@@ -1,11 +1,16 @@
 """tests/parallel.py, the shard runner of make test and make test-live: every test file in
-exactly one shard, and a failing shard fails the run with every shard's output shown."""
+exactly one shard, a failing shard fails the run with every shard's output shown, and a stopped
+runner stops its shards and shows what they wrote."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,3 +50,28 @@ def test_a_failing_shard_fails_the_run_and_every_output_is_shown(
 def test_a_marker_other_than_live_or_not_live_is_refused() -> None:
     with pytest.raises(SystemExit, match="must be 'live' or 'not live', got 'slow'"):
         parallel.shards("slow")
+
+
+def test_a_stopped_runner_stops_its_shards_and_prints_their_output_so_far(tmp_path: Path) -> None:
+    body = "import pytest\npytestmark = pytest.mark.live\n"
+    (tmp_path / "conftest.py").write_text("")
+    marker = tmp_path / "started"
+    (tmp_path / "test_slow.py").write_text(
+        body + "import pathlib, time\n"
+        f"def test_first():\n    pass\n\n"
+        f"def test_waits():\n    pathlib.Path({str(marker)!r}).write_text('1')\n    time.sleep(300)\n"
+    )
+    code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import parallel, pathlib; "
+            f"sys.exit(parallel.main(['-m', 'live'], tests=pathlib.Path({str(tmp_path)!r})))")  # fmt: skip
+    runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline and runner.poll() is None, "the shard never started"
+        time.sleep(0.2)
+    shard = [p for p in psutil.Process(runner.pid).children() if "pytest" in " ".join(p.cmdline())]
+    assert len(shard) == 1
+    runner.send_signal(signal.SIGTERM)
+    out, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + signal.SIGTERM, out
+    assert "test_slow.py ." in out and "shard 0 stopped: its output so far is above" in out, out
+    assert not shard[0].is_running() or shard[0].status() == psutil.STATUS_ZOMBIE
