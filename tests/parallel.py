@@ -55,16 +55,26 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str], tests: Path = TESTS) -> int:
+    """Run ``pytest -m MARKER`` in shards (or, with more arguments, in one process); returns the
+    first failing shard's exit status, else 0."""
     if len(argv) < 2 or argv[0] != "-m":
         raise SystemExit(f"usage: parallel.py -m 'live'|'not live' [pytest args], got {argv}")
     marker, extra = argv[1], argv[2:]
     base = [sys.executable, "-m", "pytest", "-m", marker]
     if extra:  # a selection of its own: one process, as pytest would run it
         return subprocess.call([*base, *extra])
-    signal.signal(signal.SIGTERM, _stop)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _run_shards(base, shards(marker, tests))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_shards(base: list[str], shard_args: list[list[str]]) -> int:
+    """:func:`main`'s shards: started at once, each one's output printed when it ends."""
     procs = []
     with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
-        for i, args in enumerate(shards(marker, tests)):
+        for i, args in enumerate(shard_args):
             log = open(Path(tmp) / f"shard{i}.log", "w+")  # noqa: SIM115 (closed below)
             cmd = [*base, *args]
             print(f"[parallel] shard {i}: {' '.join(cmd[1:])}", flush=True)

@@ -4,6 +4,7 @@ runner stops its shards and shows what they wrote."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,13 @@ def test_the_shards_cover_every_test_file_once_with_the_smoke_files_together() -
     assert all(len(s) == 1 for s in live)
 
 
+def test_every_file_that_uses_the_smoke_chapters_is_in_their_shard() -> None:
+    uses = re.compile(r"\b(smoke_runs|smoke_book)\b")
+    others = [p for p in TESTS.glob("test_*.py") if p.name != Path(__file__).name]
+    users = {p.name for p in others if uses.search(p.read_text())}
+    assert users == set(parallel.SMOKE_FILES)
+
+
 def test_a_failing_shard_fails_the_run_and_every_output_is_shown(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -45,6 +53,7 @@ def test_a_failing_shard_fails_the_run_and_every_output_is_shown(
     assert "shard 0: exit 1" in out and "shard 1: exit 0" in out, out
     (tmp_path / "test_bad.py").unlink()
     assert parallel.main(["-m", "live"], tests=tmp_path) == 0
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
 
 
 def test_a_marker_other_than_live_or_not_live_is_refused() -> None:
