@@ -214,3 +214,51 @@ def test_outcomes_give_every_chapter4_claim_an_outcome_and_the_sections_exist() 
     chapter = (Path(fb.__file__).parents[3] / "notebooks" / f"{mine[0].chapter}.py").read_text()
     headings = {line[5:].strip() for line in chapter.splitlines() if line.startswith("# ## ")}
     assert {c.section for c in mine} <= headings
+
+
+def test_a_diverged_cell_is_recorded_with_its_step_and_no_analysis(monkeypatch) -> None:
+    """A Fiber Bundle run whose loss goes non-finite gives a record (``val_bpc`` NaN and the
+    step), not an error from the analysis of the weights it kept: else the sweep would retry the
+    cell forever and the grid could never be complete (the long grid's ``fbt_kappa-0.1`` and
+    ``fbt_rank-8`` did just that). A finished run's record has no ``diverged_step``."""
+    text = list("ab_ab._abba_\n" * 200)
+    vocab = Vocab(sorted(set(text)))
+    ids = vocab.encode(text)
+    corpus = TextCorpus("toy", ids[:2000], ids[2000:], ids[2000:], vocab)
+    monkeypatch.setattr(fb, "load_char_ptb", lambda: corpus)  # nothing read from disk
+    grid = fb.chapter_grid(**fb.PRESETS["smoke"])
+    params = {**grid["fbt_rank-1"], "train": {**grid["fbt_rank-1"]["train"], "steps": 4}}
+    fine = fb.run_cell(params, 0)
+    assert math.isfinite(fine["val_bpc"]) and "diverged_step" not in fine and "sigma2_1" in fine
+    blown = {**params, "train": {**params["train"], "lr": 1e30, "warmup_steps": 0}}
+    with pytest.warns(RuntimeWarning, match="training diverged at step"):
+        rec = fb.run_cell(blown, 0)
+    assert math.isnan(rec["val_bpc"]) and 1 <= rec["diverged_step"] <= 4
+    assert "sigma2_1" not in rec and "explore" not in rec and isinstance(rec["history"], dict)
+    assert rec["params_total"] == fine["params_total"]
+
+
+def test_a_verdict_whose_arms_diverged_is_not_tested_and_names_them() -> None:
+    """P6 compares the largest and smallest metric rank: a seed where either diverged leaves
+    nothing to pair, so the verdict is *not tested*, naming the arm, seeds and steps; dropping
+    the seed would compare the arms on the seeds that survived."""
+    from attention_atlas.experiments import fiber_bundle_verdicts as V
+
+    rows = [
+        {"config": c, "seed": s, "val_bpc": 2.0, "erank_2": e + 0.1 * s}
+        for c, e in (("fbt", 5.0), ("fbt_rank-1", 4.0), ("fbt_rank-8", 7.0))
+        for s in (0, 1, 2)
+    ]
+    grid = {"fbt": {"model": {"rank": 4}}, "fbt_rank-1": {"model": {"rank": 1}},
+            "fbt_rank-8": {"model": {"rank": 8}}}  # fmt: skip
+    runs = Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd")  # type: ignore[arg-type]
+    assert runs.diverged("fbt_rank-8") == {} and V.diverged_reason(runs, ["fbt_rank-8"]) is None
+    v = V.p6_verdict(runs)
+    assert v.outcome != "not tested" and v.effect.mean == pytest.approx(3.0)
+    rows[7] = {"config": "fbt_rank-8", "seed": 1, "val_bpc": math.nan, "diverged_step": 622}
+    runs = Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd")  # type: ignore[arg-type]
+    assert runs.diverged("fbt_rank-8") == {1: 622} and runs.diverged("fbt_rank-1") == {}
+    v = V.p6_verdict(runs)
+    assert v.outcome == "not tested"
+    assert v.reason == "fbt_rank-8 diverged in 1 of 3 seeds (seed 1 at step 622)"
+    assert V.diverged_reason(runs, ["fbt", "fbt_rank-8", "fbt_rank-8"]) == v.reason

@@ -177,6 +177,9 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     initialisation, ``init_*``, ``bpc_at_alpha_<a>`` for each evaluation alpha, ``l2_weight``
     for the task-matched l2 arm) and, in the cell's JSON only, ``history`` (the training log,
     diagnostics included), ``kappa_quantiles`` and ``explore`` (:func:`explore_window`).
+    A run that diverged (a non-finite loss or gradient) is recorded as such: ``val_bpc`` NaN,
+    ``diverged_step`` the step it stopped before, its timings, parameter counts and history,
+    and no analysis (the record of a finished run has no ``diverged_step``).
     """
     data = load_char_ptb()
     is_fbt = params["kind"] == "fbt"
@@ -197,6 +200,13 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
                 "train_cpu_s": res.final["train_cpu_s"],
                 "tokens_per_s": res.final.get("tokens_per_s", math.nan)})  # fmt: skip
     out.update({f"params_{k}": v for k, v in param_counts(res.model).items()})
+    if res.diverged is not None:
+        # a result too: the record says where (val_bpc is NaN); nothing is measured on the
+        # weights it kept, whose next update was non-finite (the chapter's verdicts name it)
+        out["diverged_step"] = int(res.diverged["step"])
+        out["cell_train_and_measure_s"] = time.perf_counter() - t0
+        out["history"] = res.history.to_dict(orient="list")
+        return out
     an = analyse(res.model, data, seq_len=tp["seq_len"], n_seqs=int(params["analyse_seqs"]),
                  initial=initial if is_fbt else None)  # fmt: skip
     an.pop("tokens")

@@ -310,6 +310,14 @@ class Runs:
         g = self.df[self.df.config == config].sort_values("seed")
         return g[column].to_numpy(dtype=float)
 
+    def diverged(self, config: str) -> dict[int, int]:
+        """Seed -> the step at which ``config``'s training diverged (non-finite loss or
+        gradient; the cell's ``diverged_step``), for the seeds where it did; empty when none."""
+        if "diverged_step" not in self.df:
+            return {}
+        g = self.df[(self.df.config == config) & self.df.diverged_step.notna()]
+        return {int(s): int(t) for s, t in zip(g.seed, g.diverged_step)}
+
     def interval(self, config: str, column: str) -> Interval:
         """Mean of ``column`` over seeds with its 95% interval."""
         return _interval(self.per_seed(config, column))

@@ -11,6 +11,7 @@ call it on the same stored grid.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,20 @@ def weakest(verdicts: list[Verdict]) -> Verdict:
     return verdicts[0]
 
 
+def diverged_reason(runs: Runs, configs: Sequence[str]) -> str | None:
+    """Why a verdict comparing ``configs`` cannot be computed: those of them whose training
+    diverged at some seed (:meth:`Runs.diverged`), with the seeds and steps; None when every
+    one of them finished at every seed. A diverged run has no trained metrics to compare, and
+    dropping its seeds would compare the arms on the seeds that happened to survive."""
+    parts = []
+    for c in dict.fromkeys(configs):
+        d = runs.diverged(c)
+        if d:
+            at = ", ".join(f"seed {s} at step {t}" for s, t in sorted(d.items()))
+            parts.append(f"{c} diverged in {len(d)} of {len(runs.seeds)} seeds ({at})")
+    return "; ".join(parts) if parts else None
+
+
 # -- P1 --------------------------------------------------------------------------------------
 
 
@@ -117,6 +132,10 @@ def p1_verdict(runs: Runs) -> tuple[Verdict, dict[str, Any]]:
     levels = p1_levels(runs)
     lo, hi = levels[min(levels)], levels[max(levels)]
     scale = {n: runs.mean_over_layers(n, "entry_scale_{l}") for n in levels.values()}
+    diverged = diverged_reason(runs, [lo, hi])
+    if diverged:
+        v = verdict(None, sesoi=SESOI["sigma2"], direction=1, not_tested=diverged)
+        return v, {"weakest": lo, "strongest": hi, "scale": scale}
     effect = paired_difference(runs.mean_over_layers(hi, "sigma2_{l}"),
                                runs.mean_over_layers(lo, "sigma2_{l}"))  # fmt: skip
     s_lo, s_hi = float(scale[lo].mean()), float(scale[hi].mean())
@@ -150,6 +169,9 @@ def p2_gaps(runs: Runs) -> dict[tuple[float, float], np.ndarray]:
 
 def p2_verdict(runs: Runs) -> Verdict:
     """P2: the mean over mismatched pairs of :func:`p2_gaps`, per seed, predicted positive."""
+    diverged = diverged_reason(runs, list(p2_names(runs).values()))
+    if diverged:
+        return verdict(None, sesoi=SESOI["bpc"], not_tested=diverged)
     gaps = p2_gaps(runs)
     if not gaps:
         return verdict(None, sesoi=SESOI["bpc"], not_tested="only one training alpha in the grid")
@@ -171,15 +193,14 @@ def p3_verdicts(runs: Runs) -> dict[str, Verdict]:
     regulariser (``none``), and with the task-matched l2 penalty (``l2``), each minus that of the
     noise-gradient control (MetricNet trained on noise of the task gradient's size), paired by
     seed; collapse predicts a decrease."""
-    control = log_kappa_growth(runs, "fbt_noise")
-    return {
-        arm: verdict(
-            paired_difference(log_kappa_growth(runs, name), control),
-            sesoi=SESOI["log10_kappa"],
-            direction=-1,
+    out = {}
+    for arm, name in (("none", "fbt_reg-none"), ("l2", "fbt_reg-l2")):
+        diverged = diverged_reason(runs, [name, "fbt_noise"])
+        effect = None if diverged else paired_difference(
+            log_kappa_growth(runs, name), log_kappa_growth(runs, "fbt_noise")
         )  # fmt: skip
-        for arm, name in (("none", "fbt_reg-none"), ("l2", "fbt_reg-l2"))
-    }
+        out[arm] = verdict(effect, sesoi=SESOI["log10_kappa"], direction=-1, not_tested=diverged)
+    return out
 
 
 # -- P4 --------------------------------------------------------------------------------------
@@ -191,7 +212,11 @@ def p4_verdicts(runs: Runs, config: str = "fbt") -> dict[str, Verdict]:
     surprisal after training minus at initialisation (``spearman``, both against the trained
     model's surprisal); both means over blocks, paired by seed, predicted to rise."""
     out = {}
+    diverged = diverged_reason(runs, [config])
     for key, stem in (("cv", "cv"), ("spearman", "spearman_surprisal")):
+        if diverged:
+            out[key] = verdict(None, sesoi=SESOI[key], direction=1, not_tested=diverged)
+            continue
         trained = runs.mean_over_layers(config, "kappa_{l}_" + stem)
         init = runs.mean_over_layers(config, "init_kappa_{l}_" + stem)
         out[key] = verdict(paired_difference(trained, init), sesoi=SESOI[key], direction=1)
@@ -235,6 +260,9 @@ def p5_verdict(runs: Runs, config: str = "fbt") -> Verdict:
     """P5: ``config``'s last-block effective rank minus the entropy-matched dot-product
     control's, paired by seed, predicted positive; not tested when, for some seed, no
     temperature arm is as sharp (or as flat) as ``config``'s attention."""
+    diverged = diverged_reason(runs, [config, *dot_arms(runs)])
+    if diverged:
+        return verdict(None, sesoi=SESOI["erank"], direction=1, not_tested=diverged)
     ent, rank, matched = p5_matched(runs, config)
     if not np.isfinite(matched).all():
         dot_ent = [runs.layer_interval(n, "entropy_{l}").mean for n in dot_arms(runs)]
@@ -260,6 +288,9 @@ def p6_verdict(runs: Runs) -> Verdict:
     paired by seed, predicted positive."""
     names = p6_names(runs)
     lo, hi = names[min(names)], names[max(names)]
+    diverged = diverged_reason(runs, [lo, hi])
+    if diverged:
+        return verdict(None, sesoi=SESOI["erank"], not_tested=diverged)
     return verdict(runs.paired(hi, lo, f"erank_{runs.n_layers}"), sesoi=SESOI["erank"])
 
 
