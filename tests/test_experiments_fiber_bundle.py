@@ -262,3 +262,31 @@ def test_a_verdict_whose_arms_diverged_is_not_tested_and_names_them() -> None:
     assert v.outcome == "not tested"
     assert v.reason == "fbt_rank-8 diverged in 1 of 3 seeds (seed 1 at step 622)"
     assert V.diverged_reason(runs, ["fbt", "fbt_rank-8", "fbt_rank-8"]) == v.reason
+
+
+def test_p1_is_not_tested_when_its_weakest_level_diverged_and_keeps_its_scales() -> None:
+    """P1 pairs the strongest imposed metric level with the weakest (``fbt_kappa-0.1``, which
+    diverged at two seeds of the long grid): decided, with the sign strongest minus weakest,
+    while every seed finished; *not tested*, naming the level, once one diverged, with the
+    critical scales the chapter prints still given for both levels."""
+    from attention_atlas.experiments import fiber_bundle_verdicts as V
+
+    levels = {
+        "fbt_kappa-0.1": (0.1, 0.5, 0.2),
+        "fbt": (1.0, 2.0, 0.3),
+        "fbt_kappa-10": (10.0, 20.0, 0.5),
+    }
+    rows = [
+        {"config": c, "seed": s, "val_bpc": 2.0, "entry_scale_1": e, "entry_scale_2": e,
+         "sigma2_1": g + 0.01 * s, "sigma2_2": g + 0.01 * s}
+        for c, (_, e, g) in levels.items() for s in (0, 1, 2)
+    ]  # fmt: skip
+    grid = {c: {"kappa_factor": f} for c, (f, _, _) in levels.items()}
+    v, p1 = V.p1_verdict(Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd"))  # type: ignore[arg-type]
+    assert (p1["weakest"], p1["strongest"]) == ("fbt_kappa-0.1", "fbt_kappa-10")
+    assert v.outcome != "not tested" and v.effect.mean == pytest.approx(0.3)
+    rows[2] = {"config": "fbt_kappa-0.1", "seed": 2, "val_bpc": math.nan, "diverged_step": 421}
+    v, p1 = V.p1_verdict(Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd"))  # type: ignore[arg-type]
+    assert v.outcome == "not tested" and v.effect is None
+    assert v.reason == "fbt_kappa-0.1 diverged in 1 of 3 seeds (seed 2 at step 421)"
+    assert set(p1["scale"]) == set(levels) and p1["scale"]["fbt_kappa-10"].tolist() == [20.0] * 3

@@ -204,21 +204,29 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
         # a result too: the record says where (val_bpc is NaN); nothing is measured on the
         # weights it kept, whose next update was non-finite (the chapter's verdicts name it)
         out["diverged_step"] = int(res.diverged["step"])
-        out["cell_train_and_measure_s"] = time.perf_counter() - t0
-        out["history"] = res.history.to_dict(orient="list")
-        return out
-    an = analyse(res.model, data, seq_len=tp["seq_len"], n_seqs=int(params["analyse_seqs"]),
-                 initial=initial if is_fbt else None)  # fmt: skip
-    an.pop("tokens")
-    out.update(an)
-    for a in params.get("eval_alphas", []):
-        with evaluated_at_alpha(res.model, a):
-            ev = evaluate(res.model, data, split="val", batch_size=tp["eval_batch_size"],
-                          seq_len=tp["seq_len"], max_batches=tp["final_eval_batches"])  # fmt: skip
-        out[f"bpc_at_alpha_{a:g}"] = ev["bpc"]  # prediction P2
-    out["explore"] = explore_window(res.model, data, int(params["explore_len"]))
+    else:
+        out.update(_measured(res.model, data, params, initial if is_fbt else None))
     out["cell_train_and_measure_s"] = time.perf_counter() - t0
     out["history"] = res.history.to_dict(orient="list")
+    return out
+
+
+def _measured(
+    model: Transformer, data: Any, params: dict[str, Any], initial: Transformer | None
+) -> dict[str, Any]:
+    """What :func:`run_cell` measures on a trained model: the :func:`analyse` scalars (with
+    ``initial``, a Fiber Bundle model's, also those at initialisation), ``bpc_at_alpha_<a>`` for
+    each evaluation alpha, and ``explore``."""
+    tp = params["train"]
+    out = analyse(model, data, seq_len=tp["seq_len"], n_seqs=int(params["analyse_seqs"]),
+                  initial=initial)  # fmt: skip
+    out.pop("tokens")
+    for a in params.get("eval_alphas", []):
+        with evaluated_at_alpha(model, a):
+            ev = evaluate(model, data, split="val", batch_size=tp["eval_batch_size"],
+                          seq_len=tp["seq_len"], max_batches=tp["final_eval_batches"])  # fmt: skip
+        out[f"bpc_at_alpha_{a:g}"] = ev["bpc"]  # prediction P2
+    out["explore"] = explore_window(model, data, int(params["explore_len"]))
     return out
 
 
