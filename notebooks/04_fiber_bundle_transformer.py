@@ -126,7 +126,11 @@ runs, stored = fb.load_runs(params=grid_kwargs, seeds=seeds, use_stored=use_stor
 PROVENANCE = stored.provenance.text
 P = runs.params  # the shape of the runs loaded (a stored long grid has its own)
 LAST, SEEDS = P["n_layers"], runs.seeds
-assert np.isfinite(runs.df["val_bpc"]).all(), "a run diverged"
+assert not runs.diverged("dot"), f"the baseline diverged: {V.diverged_reason(runs, ['dot'])}"
+# a run that diverged is a result (val_bpc NaN, diverged_step): the tables name it, the figures
+# leave it out, every prediction comparing it is not tested (fiber_bundle_verdicts)
+FINISHED = runs.finished()
+DIVERGED = V.diverged_reason(runs, list(runs.grid))  # None when every run finished
 timing = fb.timing_for(runs, reps=time_reps, variants=("fbt", "ranks", "phases", "cayley"))
 OUT = V.outcomes_from_runs(runs, timing, evidence=PROVENANCE)
 SCALE = V.training_scale(runs)
@@ -136,6 +140,13 @@ print(PROVENANCE)
 def provenance():
     """The line printed beside every figure made from the grid."""
     print("results:", PROVENANCE)
+
+
+def left_out(names):
+    """Under a figure: the configurations among ``names`` it leaves out because they diverged."""
+    reason = V.diverged_reason(runs, list(names))
+    if reason:
+        viz.markdown(f"*Not shown: {reason}; a diverged run has no measurements.*")
 
 
 def outcome_line(key):
@@ -184,17 +195,25 @@ viz.markdown(
 
 # %%
 display(runs.overview())
+if DIVERGED:
+    viz.markdown(
+        f"**Runs that diverged.** {DIVERGED}. Training stops before the first non-finite update "
+        "(`train.train`), so such a run has no final bits per character and nothing is measured "
+        "on its weights; its seeds cannot be paired, and dropping them would compare the arms on "
+        "the seeds that happened to survive. The figures below leave it out, and every "
+        "prediction that compares it is *not tested*, naming it."
+    )  # fmt: skip
 TIME_COL, TIME_NAME = runs.time  # CPU time where every cell recorded it, else wall time
 fig = make_subplots(rows=1, cols=2, subplot_titles=("validation bits per character", TIME_NAME))
 for col, metric in enumerate(("val_bpc", TIME_COL), start=1):
-    viz.mean_interval({name: runs.per_seed(name, metric) for name in runs.grid}, fig=fig, row=1,
+    viz.mean_interval({name: runs.per_seed(name, metric) for name in FINISHED}, fig=fig, row=1,
                       col=col, mode="bar")  # fmt: skip
 fig.update_layout(title=f"All configurations, mean and 95% interval over {len(SEEDS)} seeds",
                   height=440, margin={"t": 110})  # fmt: skip
 viz.show(fig)
+left_out(runs.grid)
 provenance()
 dot_times = runs.per_seed("dot", TIME_COL)
-fbt_ratio = runs.per_seed("fbt", TIME_COL).mean() / dot_times.mean()
 time_name = TIME_NAME.split(" (")[0]
 # cells recorded by several runs were not timed side by side: say so, with the spread of the
 # baseline's own times, and point to the measurement that was (the step-cost benchmark below)
@@ -203,11 +222,18 @@ apart = (f" (the cells' own {time_name}s, recorded by {len(stored.provenance.com
          f"to {dot_times.max():,.0f} s over its seeds; the side-by-side measure of cost is the "
          "step-cost benchmark at the end of this chapter)"
          if len(stored.provenance.commands) > 1 else "")  # fmt: skip
+if "fbt" in FINISHED:
+    fbt_ratio = runs.per_seed("fbt", TIME_COL).mean() / dot_times.mean()
+    fbt_text = (f"the default Fiber Bundle Transformer {runs.interval('fbt', 'val_bpc')} (paired "
+                f"difference {runs.paired('fbt', 'dot', 'val_bpc').format(signed=True)}), at "
+                f"{fbt_ratio:.1f} times the {time_name}{apart}")  # fmt: skip
+else:
+    fbt_text = (
+        f"the default Fiber Bundle Transformer did not finish: {V.diverged_reason(runs, ['fbt'])}"
+    )
 viz.markdown(
     f"After {P['steps']:,} steps the dot-product baseline reaches {runs.interval('dot', 'val_bpc')} "
-    f"bits per character and the default Fiber Bundle Transformer {runs.interval('fbt', 'val_bpc')} "
-    f"(paired difference {runs.paired('fbt', 'dot', 'val_bpc').format(signed=True)}), at "
-    f"{fbt_ratio:.1f} times the {time_name}{apart}."
+    f"bits per character and {fbt_text}."
 )
 
 # %% [markdown]
@@ -215,7 +241,8 @@ viz.markdown(
 #
 # Pick a configuration and a seed: its training curves (validation bits per character at each
 # log step), $\kappa_t$ (mean over heads) of each block over the first characters of the
-# validation text, and each block's attention over that text (mean over heads). The curves and
+# validation text, and each block's attention over that text (mean over heads); for a run that
+# diverged, its training curve up to the divergence. The curves and
 # these small arrays are stored in each run's record (`explore`, a few kilobytes), so the figure
 # is redrawn from the stored results, not recomputed: the trained weights are not kept.
 
@@ -226,12 +253,17 @@ CONFIGS = list(runs.grid)
 def run_view(config, seed):
     """Training curve, kappa_t over the text and the attention maps of one stored run."""
     rec, hist = runs.cells[(config, seed)], runs.history(config, seed)
-    ex = rec["explore"]
-    pos, chars = list(range(len(ex["text"]))), [c if c != " " else "_" for c in ex["text"]]
     fig = make_subplots(rows=2, cols=2, vertical_spacing=0.16, subplot_titles=(
         "validation bpc during training", "κ_t over the text (mean over heads)",
         "attention, block 1", f"attention, block {LAST}"))  # fmt: skip
-    fig.add_trace(go.Scatter(x=hist["step"], y=hist["val_bpc"], name="val bpc"), row=1, col=1)
+    if len(hist):  # a run that diverged before its first log step has none
+        fig.add_trace(go.Scatter(x=hist["step"], y=hist["val_bpc"], name="val bpc"), row=1, col=1)
+    ex = rec.get("explore")
+    if ex is None:  # a diverged run: nothing was measured on its weights
+        fig.update_layout(title=f"{config}, seed {seed}: diverged at step {rec['diverged_step']}, "
+                          "nothing measured", height=720)  # fmt: skip
+        return fig
+    pos, chars = list(range(len(ex["text"]))), [c if c != " " else "_" for c in ex["text"]]
     for l in range(1, LAST + 1):
         if f"kappa_{l}" in ex:
             fig.add_trace(
@@ -275,6 +307,8 @@ arms = {**{f"κ_max = {c:g} τ/L": n for c, n in V.p1_levels(runs).items()},
 fig = make_subplots(rows=1, cols=2, subplot_titles=("attention σ₂ (mean over blocks)",
                                                     f"effective rank, block {LAST}"))  # fmt: skip
 for k, (label, name) in enumerate(arms.items()):
+    if name not in FINISHED:
+        continue
     x = runs.mean_over_layers(name, "entry_scale_{l}")
     for col, y in enumerate((runs.mean_over_layers(name, "sigma2_{l}"),
                              runs.per_seed(name, f"erank_{LAST}")), start=1):  # fmt: skip
@@ -289,18 +323,27 @@ fig.update_xaxes(type="log", title_text="Ū² M / τ (Proposition 3.5's scale of
 fig.update_layout(title="P1: the trained models on the critical axis, one point per seed",
                   height=460, margin={"t": 110})  # fmt: skip
 viz.show(fig)
+left_out(arms.values())
 provenance()
-free = float(runs.mean_over_layers("fbt_reg-none", "entry_scale_{l}").mean())
 side = lambda s: "super-critical (above 1)" if s > 1 else "sub-critical (below 1)"  # noqa: E731
+
+
+def scale_text(name, interval=True):
+    """``name``'s perturbation scale (its interval over seeds, or the mean) with its side of 1,
+    or why it has none."""
+    if name not in FINISHED:
+        return f"no value ({V.diverged_reason(runs, [name])})"
+    scale = runs.layer_interval(name, "entry_scale_{l}")
+    return f"{scale.format(spec='.3g') if interval else f'{scale.mean:.3g}'}, {side(scale.mean)}"
+
+
 lo, hi = p1["weakest"], p1["strongest"]
 viz.markdown(
-    f"**P1.** The weakest imposed level gives $\\bar U^2 M / \\tau$ = "
-    f"{runs.layer_interval(lo, 'entry_scale_{l}').format(spec='.3g')}, {side(p1['scale'][lo].mean())}; "
-    f"the strongest {runs.layer_interval(hi, 'entry_scale_{l}').format(spec='.3g')}, "
-    f"{side(p1['scale'][hi].mean())}. From the weakest to the strongest, $\\sigma_2$ changes by "
+    f"**P1.** The weakest imposed level gives $\\bar U^2 M / \\tau$ = {scale_text(lo)}; the "
+    f"strongest {scale_text(hi)}. From the weakest to the strongest, $\\sigma_2$ changes by "
     f"{p1_v.effect.format(3, signed=True) if p1_v.effect else 'n/a'} (smallest effect of interest "
     f"{V.SESOI['sigma2']:g}). The model trained without geometric regulariser sets its own scale, "
-    f"{free:.3g}, {side(free)}. Outcome: {outcome_line('riemannian/P1')}."
+    f"{scale_text('fbt_reg-none', interval=False)}. Outcome: {outcome_line('riemannian/P1')}."
 )
 
 # %% [markdown]
@@ -318,24 +361,34 @@ viz.markdown(
 p2_names = V.p2_names(runs)
 fig = go.Figure()
 for k, (a_tr, n) in enumerate(p2_names.items()):
+    if n not in FINISHED:
+        continue
     bpc_at = {f"{a:g}": runs.per_seed(n, f"bpc_at_alpha_{a:g}") for a in p2_names}
     viz.mean_interval(bpc_at, x=list(p2_names), fig=fig, name=f"trained at alpha={a_tr:g}",
                       color=viz.COLORS[k % len(viz.COLORS)])  # fmt: skip
 fig.update_layout(title="P2: validation bpc at each evaluation alpha", height=420,
                   xaxis_title="evaluation alpha", yaxis_title="bits per character")  # fmt: skip
 viz.show(fig)
+left_out(p2_names.values())
 provenance()
-within = max(float(np.abs(runs.per_seed(n, f"bpc_at_alpha_{a:g}")
-                          - runs.per_seed(n, f"bpc_at_alpha_{b:g}")).max())
-             for n in p2_names.values() for a in p2_names for b in p2_names)  # fmt: skip
+p2_done = runs.finished(p2_names.values())
+within = max((float(np.abs(runs.per_seed(n, f"bpc_at_alpha_{a:g}")
+                           - runs.per_seed(n, f"bpc_at_alpha_{b:g}")).max())
+              for n in p2_done for a in p2_names for b in p2_names), default=np.nan)  # fmt: skip
 lever = ("below the smallest effect of interest: at this metric strength $\\alpha$ barely changes "
          "what a trained model computes, so the gaps are differences between separately trained "
          "models" if within < V.SESOI["bpc"] else "a lever the gaps can reflect")  # fmt: skip
-gaps = "; ".join(f"trained at {a:g}, evaluated at {b:g}: {mean_interval(g).format(3, signed=True)}"
-                 for (a, b), g in V.p2_gaps(runs).items())  # fmt: skip
+if len(p2_done) == len(p2_names):
+    gaps = "Gaps (bits per character): " + "; ".join(
+        f"trained at {a:g}, evaluated at {b:g}: {mean_interval(g).format(3, signed=True)}"
+        for (a, b), g in V.p2_gaps(runs).items()
+    )
+else:
+    gaps = f"No gap can be paired: {V.diverged_reason(runs, list(p2_names.values()))}"
+moved = (f" Within any one trained model, moving $\\alpha$ changes bits per character by at most "
+         f"{within:.2g}, {lever}." if p2_done else "")  # fmt: skip
 viz.markdown(
-    f"**P2.** Gaps (bits per character): {gaps}. Within any one trained model, moving $\\alpha$ "
-    f"changes bits per character by at most {within:.2g}, {lever}. Outcome: "
+    f"**P2.** {gaps}.{moved} Outcome: "
     f"{outcome_line('riemannian/P2')}. The proposition is local in $\\alpha$ and compares with "
     "*retraining*; it says nothing about the loss at $\\alpha_\\text{train}$ itself."
 )
@@ -365,6 +418,8 @@ fig = make_subplots(
     rows=1, cols=2, subplot_titles=("mean kappa_t = |U_t|_F^2", "cross-token variance of kappa_t")
 )
 for k, (label, n) in enumerate(p3_arms.items()):
+    if n not in FINISHED:
+        continue
     for col, key in enumerate(("kappa_mean", "kappa_var"), start=1):
         x, values = runs.trajectory(n, key)  # kappa_mean starts at its value at initialisation
         viz.mean_interval({str(i): values[:, i] for i in range(values.shape[1])}, x=x, fig=fig,
@@ -375,10 +430,11 @@ fig.update_xaxes(title_text="step")
 fig.update_layout(title="P3: metric strength during training (mean and 95% interval over seeds)",
                   height=440, margin={"t": 110})  # fmt: skip
 viz.show(fig)
+left_out(p3_arms.values())
 provenance()
 p3 = V.p3_verdicts(runs)
 growth = "; ".join(f"{label}: {mean_interval(V.log_kappa_growth(runs, n)).format(2, signed=True)}"
-                   for label, n in p3_arms.items())  # fmt: skip
+                   if n in FINISHED else f"{label}: diverged" for label, n in p3_arms.items())  # fmt: skip
 viz.markdown(
     f"**P3.** Change of $\\log_{{10}}$ mean $\\kappa_t$ over training: {growth}. Against the noise "
     f"control: no regulariser {V.at_scale(p3['none'], SCALE)}; task-matched $\\ell_2$ (weight "
@@ -401,7 +457,7 @@ viz.markdown(
 
 # %%
 fig = make_subplots(rows=1, cols=LAST, subplot_titles=[f"block {l}" for l in range(1, LAST + 1)])
-for l in range(1, LAST + 1):
+for l in range(1, LAST + 1) if "fbt" in FINISHED else ():
     for code, name in enumerate(TYPE_NAMES):
         q = np.array([runs.cells[("fbt", s)]["kappa_quantiles"][f"kappa_{l}"].get(name, [np.nan] * 5)
                       for s in SEEDS]).mean(0)  # fmt: skip
@@ -413,18 +469,23 @@ fig.update_yaxes(title_text="κ_t (mean over heads)", col=1)
 fig.update_layout(title="P4: κ_t by token type after training (default model; quantiles 5-25-50-75-95%, "
                   "averaged over seeds)", height=460, margin={"t": 110})  # fmt: skip
 viz.show(fig)
+left_out(["fbt"])
 provenance()
-display(runs.kappa_by_type({"fbt": "default", "fbt_reg-none": "no regulariser"}))
+p4_models = {n: label for n, label in {"fbt": "default", "fbt_reg-none": "no regulariser"}.items()
+             if n in FINISHED}  # fmt: skip
+if p4_models:
+    display(runs.kappa_by_type(p4_models))
 p4 = V.p4_verdicts(runs)
-viz.markdown(
-    f"**P4.** CV of $\\kappa_t$: {runs.layer_interval('fbt', 'kappa_{l}_cv').format(3)} after "
+p4_text = (
+    f"CV of $\\kappa_t$: {runs.layer_interval('fbt', 'kappa_{l}_cv').format(3)} after "
     f"training, {runs.layer_interval('fbt', 'init_kappa_{l}_cv').format(3)} at initialisation: change "
     f"{V.at_scale(p4['cv'], SCALE)}. Rank correlation with surprisal: "
     f"{runs.layer_interval('fbt', 'kappa_{l}_spearman_surprisal').format(3, signed=True)} after, "
     f"{runs.layer_interval('fbt', 'init_kappa_{l}_spearman_surprisal').format(3, signed=True)} before: "
-    f"change {V.at_scale(p4['spearman'], SCALE)}. "
-    f"Outcome: {outcome_line('riemannian/P4')}."
-)
+    f"change {V.at_scale(p4['spearman'], SCALE)}."
+    if "fbt" in FINISHED else f"Nothing to compare: {V.diverged_reason(runs, ['fbt'])}."
+)  # fmt: skip
+viz.markdown(f"**P4.** {p4_text} Outcome: {outcome_line('riemannian/P4')}.")
 
 # %% [markdown]
 # ## P5: effective rank against a temperature-matched dot-product Transformer
@@ -443,6 +504,8 @@ viz.markdown(
 fig = go.Figure()
 p5_arms = [*V.dot_arms(runs), "fbt", "fbt_reg-none", "fbt_noise"]
 for k, name in enumerate(p5_arms):
+    if name not in FINISHED:
+        continue
     fig.add_trace(go.Scatter(x=runs.mean_over_layers(name, "entropy_{l}"),
                              y=runs.per_seed(name, f"erank_{LAST}"), mode="markers", name=name,
                              marker={"size": 9, "color": viz.COLORS[k % len(viz.COLORS)],
@@ -451,9 +514,11 @@ fig.update_layout(title=f"P5: effective rank of block {LAST} against attention e
                   xaxis_title="mean row entropy of the attention (nats, mean over blocks)",
                   yaxis_title="effective rank", height=460)  # fmt: skip
 viz.show(fig)
+left_out(p5_arms)
 provenance()
 p5 = {n: V.p5_verdict(runs, n) for n in ("fbt", "fbt_reg-none")}
-unmatched = runs.paired("fbt_reg-none", "dot", f"erank_{LAST}")
+unmatched = (runs.paired("fbt_reg-none", "dot", f"erank_{LAST}").format(2, signed=True)
+             if "fbt_reg-none" in FINISHED else "not defined, it diverged")  # fmt: skip
 
 
 def p5_text(name):
@@ -465,7 +530,7 @@ viz.markdown(
     f"**P5.** Against the entropy-matched dot-product control, the last block's effective rank "
     f"differs by {p5_text('fbt')} for the default model and by {p5_text('fbt_reg-none')} for the "
     f"model without regulariser (against the dot model at $T = 1$, ignoring the temperature, the "
-    f"latter's difference is {unmatched.format(2, signed=True)}). Outcome (default model): "
+    f"latter's difference is {unmatched}). Outcome (default model): "
     f"{outcome_line('riemannian/P5')}."
 )
 
@@ -479,10 +544,11 @@ viz.markdown(
 
 # %%
 p6_names = V.p6_names(runs)
+p6_shown = {r: n for r, n in p6_names.items() if n in FINISHED}
 fig = make_subplots(rows=1, cols=3, subplot_titles=(f"effective rank, block {LAST}",
                                                     "validation bpc", TIME_NAME))  # fmt: skip
 for col, column in enumerate((f"erank_{LAST}", "val_bpc", TIME_COL), start=1):
-    viz.mean_interval({n: runs.per_seed(n, column) for n in p6_names.values()}, x=list(p6_names),
+    viz.mean_interval({n: runs.per_seed(n, column) for n in p6_shown.values()}, x=list(p6_shown),
                       fig=fig, row=1, col=col, name="Fiber Bundle", color=viz.COLORS[0],
                       showlegend=col == 1)  # fmt: skip
     fig.add_hline(y=float(runs.per_seed("dot", column).mean()), line_dash="dash", row=1, col=col,
@@ -490,13 +556,18 @@ for col, column in enumerate((f"erank_{LAST}", "val_bpc", TIME_COL), start=1):
 fig.update_xaxes(type="log", title_text="metric rank r")
 fig.update_layout(title="P6: metric rank ablation", height=440, margin={"t": 110})
 viz.show(fig)
+left_out(p6_names.values())
 provenance()
 r_lo, r_hi = min(p6_names), max(p6_names)
-p6_bpc = runs.paired(p6_names[r_hi], p6_names[r_lo], "val_bpc")
+p6_pair = [p6_names[r_hi], p6_names[r_lo]]
+p6_text = (
+    f"the last block's effective rank changes by {OUT['riemannian/P6'].effect.format(2, signed=True)} "
+    f"and bits per character by {runs.paired(*p6_pair, 'val_bpc').format(3, signed=True)}"
+    if runs.finished(p6_pair) == p6_pair else
+    f"nothing can be paired: {V.diverged_reason(runs, p6_pair)}"
+)  # fmt: skip
 viz.markdown(
-    f"**P6.** From $r = {r_lo}$ to $r = {r_hi}$ the last block's effective rank changes by "
-    f"{OUT['riemannian/P6'].effect.format(2, signed=True)} and bits per character by "
-    f"{p6_bpc.format(3, signed=True)}. Outcome: {outcome_line('riemannian/P6')}."
+    f"**P6.** From $r = {r_lo}$ to $r = {r_hi}$ {p6_text}. Outcome: {outcome_line('riemannian/P6')}."
 )
 
 # %% [markdown]
@@ -535,18 +606,22 @@ def eq25_view(rank):
 
 
 viz.explore(eq25_view, {"rank": viz.slider([1, 2, 3, 4], 2, label="factor rank r")})
-iso = {kind: runs.last_logged("fbt", f"iso_{kind}") for kind in ("linear", "cayley")}
-dfro = runs.last_logged("fbt", "delta_fro")
-assert iso["cayley"].max() < 1e-6, "the Cayley transport must be orthogonal to rounding"
-small = float(dfro.mean()) < 0.3
-viz.markdown(
-    f"After training, $\\lVert\\Delta_t\\rVert_F$ = {seed_range(dfro)} and the isometry "
-    f"error $\\lVert P^\\top P - I\\rVert_F$ is {seed_range(iso['linear'])} for "
-    f"$P = I + \\Delta$ against {iso['cayley'].max():.1e} (at most) for the Cayley form: the learned "
-    + ("transport is small, so the linear form's second-order defect is small too."
-       if small else "transport is *not* small, and $P = I + \\Delta$ is far from an isometry; only "
-       "the Cayley form is a metric-preserving transport at this size.")
-)  # fmt: skip
+if "fbt" in FINISHED:
+    iso = {kind: runs.last_logged("fbt", f"iso_{kind}") for kind in ("linear", "cayley")}
+    dfro = runs.last_logged("fbt", "delta_fro")
+    assert iso["cayley"].max() < 1e-6, "the Cayley transport must be orthogonal to rounding"
+    small = float(dfro.mean()) < 0.3
+    transport_text = (
+        f"After training, $\\lVert\\Delta_t\\rVert_F$ = {seed_range(dfro)} and the isometry "
+        f"error $\\lVert P^\\top P - I\\rVert_F$ is {seed_range(iso['linear'])} for "
+        f"$P = I + \\Delta$ against {iso['cayley'].max():.1e} (at most) for the Cayley form: the "
+        + ("learned transport is small, so the linear form's second-order defect is small too."
+           if small else "learned transport is *not* small, and $P = I + \\Delta$ is far from an "
+           "isometry; only the Cayley form is a metric-preserving transport at this size.")
+    )  # fmt: skip
+else:
+    transport_text = f"No trained transport to measure: {V.diverged_reason(runs, ['fbt'])}."
+viz.markdown(transport_text)
 provenance()
 
 # %% [markdown]
@@ -591,10 +666,12 @@ summary = pd.DataFrame(
 display(summary)
 counts = pd.Series([o.outcome for o in OUT.values()]).value_counts()
 elapsed = time.perf_counter() - t_chapter
+n_diverged = sum(len(runs.diverged(c)) for c in runs.grid)
 viz.markdown(
     "Outcomes: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f". The training predictions "
-    f"rest on {len(runs.df)} runs ({len(runs.grid)} configurations x {len(SEEDS)} seeds) at "
-    f"{SCALE.text()}; {PROVENANCE}. This execution of the chapter took {elapsed:.0f} s."
+    f"rest on {len(runs.df)} runs ({len(runs.grid)} configurations x {len(SEEDS)} seeds"
+    + (f", {n_diverged} of which diverged" if n_diverged else "")
+    + f") at {SCALE.text()}; {PROVENANCE}. This execution of the chapter took {elapsed:.0f} s."
 )
 assert set(OUT) == {"riemannian/eq-25", "riemannian/overhead",
                     *(f"riemannian/P{i}" for i in range(1, 7))}  # fmt: skip

@@ -22,7 +22,7 @@ from attention_atlas.experiments.fiber_bundle_analysis import (
     token_types,
 )
 from attention_atlas.models import FiberBundleConfig
-from attention_atlas.stats import paired_difference
+from attention_atlas.stats import mean_interval, paired_difference
 from attention_atlas.sweep import Cell, load_results, run_sweep
 
 
@@ -290,3 +290,37 @@ def test_p1_is_not_tested_when_its_weakest_level_diverged_and_keeps_its_scales()
     assert v.outcome == "not tested" and v.effect is None
     assert v.reason == "fbt_kappa-0.1 diverged in 1 of 3 seeds (seed 2 at step 421)"
     assert set(p1["scale"]) == set(levels) and p1["scale"]["fbt_kappa-10"].tolist() == [20.0] * 3
+
+
+def test_the_overview_names_a_diverged_arm_and_finished_leaves_it_out() -> None:
+    """A configuration that diverged at some seed has no interval in the chapter's overview (its
+    row says ``diverged``, the ``diverged`` column gives seeds and steps) and is not among
+    :meth:`Runs.finished`, which the figures draw; the other rows are the paired intervals."""
+    rows = [
+        {"config": c, "seed": s, "val_bpc": b + 0.01 * s, "train_cpu_s": t + s, "erank_2": 5.0 + s,
+         "entropy_1": 2.0, "entropy_2": 2.0 + 0.1 * s}
+        for c, b, t in (("dot", 2.0, 10.0), ("fbt", 1.9, 40.0), ("fbt_rank-8", 1.8, 80.0))
+        for s in (0, 1, 2)
+    ]  # fmt: skip
+    grid = {c: {} for c in ("dot", "fbt", "fbt_rank-8")}
+    runs = Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd")  # type: ignore[arg-type]
+    assert runs.finished() == ["dot", "fbt", "fbt_rank-8"]
+    assert "diverged" not in runs.overview().columns
+    for s, step in ((0, 622), (2, 718)):
+        rows[6 + s] = {"config": "fbt_rank-8", "seed": s, "val_bpc": math.nan,
+                       "train_cpu_s": 30.0, "diverged_step": step}  # fmt: skip
+    runs = Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd")  # type: ignore[arg-type]
+    assert runs.finished() == ["dot", "fbt"] and runs.finished(["fbt_rank-8", "fbt"]) == ["fbt"]
+    table = runs.overview()
+    assert (
+        table.loc["fbt_rank-8", "diverged"]
+        == "2 of 3 seeds: seed 0 at step 622, seed 2 at step 718"
+    )
+    assert (table.loc["fbt_rank-8"].drop("diverged") == "diverged").all()
+    assert (
+        table.loc["fbt", "diverged"] == "" and table.loc["fbt", "time / dot"] == f"{41 / 11:.1f}x"
+    )
+    assert table.loc["fbt", "bpc - dot"] == paired_difference(
+        runs.per_seed("fbt", "val_bpc"), runs.per_seed("dot", "val_bpc")
+    ).format(3, signed=True)
+    assert table.loc["fbt", "val bpc"] == mean_interval([1.9, 1.91, 1.92]).format(3)

@@ -3,6 +3,8 @@ smoke run. A chapter whose assert fails must make the runner (and so `make test`
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -264,3 +266,77 @@ def test_an_unknown_override_makes_the_command_exit_2_without_running(tmp_path: 
     assert proc.returncode == 2
     assert "unknown parameter(s) ['no_such_parameter']" in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+# -- chapter 4 on a grid with runs that diverged ------------------------------------------------
+
+CH4 = ROOT / "notebooks" / "04_fiber_bundle_transformer.py"
+#: the parameters of chapter 4 that shape its grid (the notebook's ``grid_kwargs``)
+CH4_GRID = ("steps", "dim", "n_layers", "n_heads", "seq_len", "batch_size", "ranks", "alphas",
+            "kappa_factors", "dot_temperatures", "analyse_seqs", "final_eval_batches",
+            "explore_len", "log_every")  # fmt: skip
+
+
+def _outputs_text(notebook: Path) -> str:
+    """Every text an executed notebook shows (markdown, plain text, HTML, figure JSON)."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            for value in out.get("data", {}).values():
+                parts.append(value if isinstance(value, str) else json.dumps(value))
+    return "\n".join(parts)
+
+
+@pytest.mark.slow
+def test_chapter_4_executes_on_a_grid_with_diverged_runs_and_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chapter 4's long grid holds runs that diverged (``fbt_rank-8``, ``fbt_kappa-0.1``). On a
+    stored smoke-size grid where the default model diverged at seed 1, the weakest metric level
+    and P3's noise control at seed 0 (the outputs of those cells are those of the same
+    configuration trained at lr 1e30, a real divergence), the chapter executes: the overview and
+    the figures name them, the run view shows the diverged run, and every prediction comparing
+    them, P1 to P6, is *not tested* with the arm, seed and step as its reason (the smoke grid's
+    two seeds would make them not tested too, for that other reason, which comes second)."""
+    from attention_atlas.experiments import fiber_bundle as fb
+    from attention_atlas.results import stored_or_run
+
+    params = {**chapter_parameters(CH4), **chapter_smoke(CH4)}
+    kwargs = {k: params[k] for k in CH4_GRID}
+    folder = tmp_path / "store" / "fiber-bundle" / "book"
+    grid = stored_or_run("fiber-bundle", params=kwargs, preset="book", seeds=params["seeds"],
+                         use_stored=False, out_dir=folder, log=None)  # fmt: skip
+    assert params["seeds"] == [0, 1] and not grid.missing
+    steps = {}
+    for config, seed in (("fbt", 1), ("fbt_kappa-0.1", 0), ("fbt_noise", 0)):
+        rec = grid.records[(config, seed)]
+        p = rec["params"]
+        blown = {**p, "train": {**p["train"], "lr": 1e30, "warmup_steps": 0}}
+        with pytest.warns(RuntimeWarning, match="training diverged at step"):
+            out = fb.run_cell(blown, seed)
+        steps[config] = out["diverged_step"]
+        keep = {k: rec[k] for k in ("config", "seed", "key", "params", "provenance") if k in rec}
+        (folder / "cells" / f"{rec['key']}.json").write_text(json.dumps({**keep, **out}))
+    monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path / "store"))
+    result = run_chapter(CH4, smoke=True, overrides={"use_stored": True}, out_dir=tmp_path / "out",
+                         timeout=600)  # fmt: skip
+    text = _outputs_text(result.output)
+    fbt, weak, noise = (
+        f"{c} diverged in 1 of 2 seeds (seed {s} at step {steps[c]})"
+        for c, s in (("fbt", 1), ("fbt_kappa-0.1", 0), ("fbt_noise", 0))
+    )
+    assert f"**Runs that diverged.** {fbt}; {noise}; {weak}" in text
+    assert "1 of 2 seeds: seed 1 at step" in text  # the overview's diverged column
+    assert f"*Not shown: {fbt}" in text  # under the figure of every configuration
+    assert f"fbt, seed 1: diverged at step {steps['fbt']}, nothing measured" in text  # run view
+    assert f"nothing can be paired: {fbt}" in text  # P6's prose
+    assert f"No trained transport to measure: {fbt}" in text
+    for claim, reason in (("P1", weak), ("P2", fbt), ("P3", noise), ("P4", fbt), ("P5", fbt),
+                          ("P6", fbt)):  # fmt: skip
+        said = rf"Outcome[^\n]*: \*\*not tested\*\* \({claim}: [^\n]*: {re.escape(reason)}\)"
+        assert re.search(said, text), f"{claim} is not 'not tested' for {reason}"
+    assert ", 3 of which diverged" in text

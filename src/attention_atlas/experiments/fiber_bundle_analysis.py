@@ -9,7 +9,7 @@ chapter's exploration shows (:func:`explore_window`), and the per-seed views of 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -318,6 +318,11 @@ class Runs:
         g = self.df[(self.df.config == config) & self.df.diverged_step.notna()]
         return {int(s): int(t) for s, t in zip(g.seed, g.diverged_step)}
 
+    def finished(self, configs: Sequence[str] | None = None) -> list[str]:
+        """Those of ``configs`` (default: every configuration, in grid order) that finished at
+        every seed: the arms a figure or an interval over seeds can show."""
+        return [c for c in (self.grid if configs is None else configs) if not self.diverged(c)]
+
     def interval(self, config: str, column: str) -> Interval:
         """Mean of ``column`` over seeds with its 95% interval."""
         return _interval(self.per_seed(config, column))
@@ -364,19 +369,34 @@ class Runs:
 
     def overview(self) -> pd.DataFrame:
         """Every configuration: validation bpc, training time, the paired bpc difference and the
-        time ratio to ``dot``, the last block's effective rank and the attention entropy."""
+        time ratio to ``dot``, the last block's effective rank and the attention entropy. A
+        configuration that diverged at some seed has no interval (its row says ``diverged``, and
+        a ``diverged`` column gives the seeds and steps): its seeds cannot be paired."""
         rows, last = [], self.n_layers
         tcol, tname = self.time
         dot_time = self.per_seed("dot", tcol).mean()
+        any_diverged = any(self.diverged(c) for c in self.grid)
         for name in self.grid:
+            row: dict[str, str] = {"configuration": name}
+            d = self.diverged(name)
+            if d:
+                row.update({k: "diverged" for k in ("val bpc", tname, "bpc - dot", "time / dot",
+                                                    f"erank L{last}", "attention entropy")})  # fmt: skip
+                row["diverged"] = f"{len(d)} of {len(self.seeds)} seeds: " + ", ".join(
+                    f"seed {s} at step {t}" for s, t in sorted(d.items())
+                )
+                rows.append(row)
+                continue
             tt = self.per_seed(name, tcol)
-            row = {"configuration": name, "val bpc": self.interval(name, "val_bpc").format(3),
-                   tname: _interval(tt).format(1)}  # fmt: skip
+            row.update({"val bpc": self.interval(name, "val_bpc").format(3),
+                        tname: _interval(tt).format(1)})  # fmt: skip
             if name != "dot":
                 row["bpc - dot"] = self.paired(name, "dot", "val_bpc").format(3, signed=True)
                 row["time / dot"] = f"{tt.mean() / dot_time:.1f}x"
             row[f"erank L{last}"] = self.interval(name, f"erank_{last}").format(2)
             row["attention entropy"] = self.layer_interval(name, "entropy_{l}").format(2)
+            if any_diverged:
+                row["diverged"] = ""
             rows.append(row)
         return pd.DataFrame(rows).set_index("configuration")
 
