@@ -47,7 +47,8 @@
 # $\kappa_\max = \tau / L$, $\kappa_\min = \kappa_\max / 2$. Anti-flatness and diversity are
 # "strong early, relaxed later": full weight for the first 30% of training, then a half cosine
 # down to 10% of it by 70%. Diversity and smoothness grow like $\kappa^2$, so their weights are
-# divided by $\kappa_\max$; the cap is ten times stronger than the diversity push.
+# divided by $\kappa_\max$; near $\kappa_\max$ the cap is ten times stronger than the diversity
+# push (only there: far above it the quartic diversity term wins, see the section on eq. (34)).
 #
 # **Runs.** One grid of configurations (`attention_atlas.experiments.fiber_bundle.chapter_grid`),
 # each trained from scratch at every seed under identical conditions (width, depth, heads, steps,
@@ -250,19 +251,8 @@ viz.markdown(
 CONFIGS = list(runs.grid)
 
 
-def run_view(config, seed):
-    """Training curve, kappa_t over the text and the attention maps of one stored run."""
-    rec, hist = runs.cells[(config, seed)], runs.history(config, seed)
-    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.16, subplot_titles=(
-        "validation bpc during training", "κ_t over the text (mean over heads)",
-        "attention, block 1", f"attention, block {LAST}"))  # fmt: skip
-    if len(hist):  # a run that diverged before its first log step has none
-        fig.add_trace(go.Scatter(x=hist["step"], y=hist["val_bpc"], name="val bpc"), row=1, col=1)
-    ex = rec.get("explore")
-    if ex is None:  # a diverged run: nothing was measured on its weights
-        fig.update_layout(title=f"{config}, seed {seed}: diverged at step {rec['diverged_step']}, "
-                          "nothing measured", height=720)  # fmt: skip
-        return fig
+def window_panels(fig, ex):
+    """Into ``fig``: kappa_t over a run's stored text and its first and last block's attention."""
     pos, chars = list(range(len(ex["text"]))), [c if c != " " else "_" for c in ex["text"]]
     for l in range(1, LAST + 1):
         if f"kappa_{l}" in ex:
@@ -277,6 +267,21 @@ def run_view(config, seed):
     for row, col in ((1, 2), (2, 1), (2, 2)):  # characters as tick labels (positions as values)
         fig.update_xaxes(tickvals=pos, ticktext=chars, tickangle=0, row=row, col=col)
     fig.update_yaxes(tickvals=pos, ticktext=chars, row=2)
+
+
+def run_view(config, seed):
+    """Training curve, kappa_t over the text and the attention maps of one stored run."""
+    rec, hist = runs.cells[(config, seed)], runs.history(config, seed)
+    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.16, subplot_titles=(
+        "validation bpc during training", "κ_t over the text (mean over heads)",
+        "attention, block 1", f"attention, block {LAST}"))  # fmt: skip
+    if len(hist):  # a run that diverged before its first log step has none
+        fig.add_trace(go.Scatter(x=hist["step"], y=hist["val_bpc"], name="val bpc"), row=1, col=1)
+    if "explore" not in rec:  # a diverged run: nothing was measured on its weights
+        fig.update_layout(title=f"{config}, seed {seed}: diverged at step {rec['diverged_step']}, "
+                          "nothing measured", height=720)  # fmt: skip
+        return fig
+    window_panels(fig, rec["explore"])
     fig.update_layout(title=f"{config}, seed {seed}: final bpc {rec['val_bpc']:.3f}", height=720)
     return fig
 
@@ -442,6 +447,71 @@ viz.markdown(
     f"(smallest effect of interest a "
     f"factor 2, {V.SESOI['log10_kappa']:.2f} in $\\log_{{10}}$). Outcome: {outcome_line('riemannian/P3')}."
 )
+
+# %% [markdown]
+# ## The cap of eq. (34): does it bound the metric?
+#
+# Section 6.4 notes that the diversity regulariser (32) has no ceiling and proposes the soft cap
+# (34), $\mathrm{mean}_t\,\mathrm{ReLU}(\kappa_t - \kappa_\max)$, or weight decay on MetricNet,
+# as the missing upper bound. The degrees do not allow it. Diversity and smoothness are
+# quartic in $U$ ($\lVert U_i U_i^\top - U_j U_j^\top \rVert_F^2$), the cap and the
+# anti-flatness floor only quadratic ($\kappa_t = \lVert U_t \rVert_F^2$): along $U \mapsto
+# \lambda U$ the weighted sum is $c_4 \lambda^4 + O(\lambda^2)$, unbounded below as soon as
+# $c_4 < 0$, whatever the cap's weight. Weight decay fares no better: $U_t$ is linear in
+# MetricNet's last layer $W$, so diversity is quartic in $W$ and the decay
+# $\lVert W \rVert^2$ quadratic. Below, the regularisers exactly as this grid trains them (the
+# default model's head width, window, rank, $\kappa_\min$, $\kappa_\max$, and weights at full
+# strength, `fiber_bundle_verdicts.cap_setting`) are evaluated in float64 on a random $U$
+# scaled from mean $\kappa = \kappa_\max / 2$ upwards (`fiber_bundle_verdicts.cap_check`, the
+# library's own `regularizer_terms`); then the runs of the grid that diverged, at their last
+# log step.
+
+# %%
+cap = V.cap_check(**V.cap_setting(runs))
+fig = go.Figure()
+for k, (term, values) in enumerate(cap["terms"].items()):
+    fig.add_trace(go.Scatter(x=cap["ratio"], y=values, name=f"{term} (weighted)",
+                             line={"color": viz.COLORS[k % len(viz.COLORS)]}))  # fmt: skip
+fig.add_trace(
+    go.Scatter(x=cap["ratio"], y=cap["total"], name="sum", line={"color": "black", "width": 3})
+)
+fig.add_vline(x=cap["peak"], line_dash="dot", annotation_text="peak of the sum")
+fig.update_xaxes(type="log", title_text="mean κ_t / κ_max (U scaled by λ)")
+fig.update_yaxes(title_text="regulariser value (weighted)")
+fig.update_layout(
+    title="The regularisers of eqs. (31) to (34) along a scaled metric (float64)", height=440
+)
+viz.show(fig)
+st = cap["setting"]
+at_max = float(np.interp(1.0, cap["ratio"], cap["total"]))
+viz.markdown(
+    f"With this grid's weights (diversity {st['weights']['div']:.3g}, smoothness "
+    f"{st['weights']['smooth']:.3g}, cap {st['weights']['cap']:.3g}, anti-flatness "
+    f"{st['weights']['anti']:.3g}; $\\kappa_\\max$ = {st['kappa_max']:.3g}) the sum peaks at mean "
+    f"$\\kappa$ = {cap['peak']:.3g} $\\kappa_\\max$ and falls without bound beyond it: "
+    f"{cap['at_top']:.3g} at {cap['ratio'][-1]:.0f} $\\kappa_\\max$, against {at_max:.3g} at "
+    f"$\\kappa_\\max$ ($c_4$ = {cap['quartic']:.3g} per unit $(\\kappa / \\kappa_\\max)^2$). Past "
+    f"the peak the regularisers push the metric up rather than down; only the task loss can "
+    f"stop it. Outcome: {outcome_line('riemannian/eq-34')}."
+)
+runaway = runs.divergence_table()
+logged = runaway.dropna(subset=["kappa / kappa_max"])
+past = int((logged["kappa / kappa_max"] > cap["peak"]).sum())
+if len(runaway):
+    display(runaway.set_index(["config", "seed"]))
+if len(logged):
+    viz.markdown(
+        f"{len(runaway)} runs of this grid diverged, {len(logged)} of them after a log step. At "
+        f"their last one, {past} had a block whose mean $\\kappa_t$ stood beyond that peak (from "
+        f"{logged['kappa / kappa_max'].min():.3g} to {logged['kappa / kappa_max'].max():.3g} times "
+        f"their $\\kappa_\\max$), with the regulariser at {logged['regularizer'].max():.3g} to "
+        f"{logged['regularizer'].min():.3g}"
+        + (": the runaway the degrees predict." if past == len(runaway) else ".")
+    )  # fmt: skip
+else:
+    viz.markdown(f"{len(runaway) or 'No'} runs of this grid diverged"
+                 + (", none after a log step." if len(runaway) else "."))  # fmt: skip
+provenance()
 
 # %% [markdown]
 # ## P4: is curvature heterogeneous, and does it follow the text?
@@ -673,5 +743,5 @@ viz.markdown(
     + (f", {n_diverged} of which diverged" if n_diverged else "")
     + f") at {SCALE.text()}; {PROVENANCE}. This execution of the chapter took {elapsed:.0f} s."
 )
-assert set(OUT) == {"riemannian/eq-25", "riemannian/overhead",
+assert set(OUT) == {"riemannian/eq-25", "riemannian/eq-34", "riemannian/overhead",
                     *(f"riemannian/P{i}" for i in range(1, 7))}  # fmt: skip

@@ -324,3 +324,26 @@ def test_the_overview_names_a_diverged_arm_and_finished_leaves_it_out() -> None:
         runs.per_seed("fbt", "val_bpc"), runs.per_seed("dot", "val_bpc")
     ).format(3, signed=True)
     assert table.loc["fbt", "val bpc"] == mean_interval([1.9, 1.91, 1.92]).format(3)
+
+
+def test_the_divergence_table_reads_each_diverged_run_at_its_last_log() -> None:
+    """One row per diverged run: the step, its last log step, the largest block mean ``kappa``
+    there (also over the run's ``kappa_max``) and the logged regulariser; NaN for a run that
+    diverged before its first log; no row for a finished run."""
+    hist = {"step": [200.0, 400.0], "reg/fiber_bundle": [-0.01, -3.6e11],
+            "fiber_bundle/l0/kappa_mean": [0.004, 5.0e4], "fiber_bundle/l1/kappa_mean": [0.004, 0.01]}  # fmt: skip
+    grid = {"fbt": {"reg": {"kappa_max": 0.5}}, "fbt_kappa-0.1": {"reg": {"kappa_max": 0.05}}}
+    rows = [{"config": "fbt", "seed": 0, "val_bpc": 1.7},
+            {"config": "fbt", "seed": 1, "val_bpc": math.nan, "diverged_step": 3},
+            {"config": "fbt_kappa-0.1", "seed": 0, "val_bpc": math.nan, "diverged_step": 431},
+            {"config": "fbt_kappa-0.1", "seed": 1, "val_bpc": 1.8}]  # fmt: skip
+    cells = {("fbt", 1): {"history": {}}, ("fbt_kappa-0.1", 0): {"history": hist}}
+    runs = Runs(grid, [0, 1], pd.DataFrame(rows), cells, 2, "cmd")  # type: ignore[arg-type]
+    table = runs.divergence_table().set_index(["config", "seed"])
+    assert list(table.index) == [("fbt", 1), ("fbt_kappa-0.1", 0)]
+    row = table.loc[("fbt_kappa-0.1", 0)]
+    assert (row["diverged_step"], row["last_log_step"], row["kappa_mean"]) == (431, 400.0, 5.0e4)
+    assert row["kappa / kappa_max"] == pytest.approx(1.0e6) and row["regularizer"] == -3.6e11
+    assert table.loc[("fbt", 1)][["last_log_step", "kappa_mean", "regularizer"]].isna().all()
+    finished = Runs(grid, [0], pd.DataFrame(rows[:1]), {}, 2, "cmd")  # type: ignore[arg-type]
+    assert finished.divergence_table().empty and "kappa / kappa_max" in finished.divergence_table()

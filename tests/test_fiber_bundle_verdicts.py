@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from attention_atlas import claims
 from attention_atlas.experiments import fiber_bundle as fb
@@ -252,3 +253,70 @@ def test_the_overview_compares_costs_by_cpu_time_once_every_cell_has_it():
     assert (
         table.loc["fbt", "time / dot"] == "3.0x" and table.loc["fbt_noise", "time / dot"] == "3.0x"
     )
+
+
+# -- eq. (34): the cap against the diversity push ----------------------------------------------
+
+
+def _terms_by_hand(U: torch.Tensor, kappa_min: float, kappa_max: float) -> dict[str, float]:
+    """Eqs. (31) to (34) of one sequence ``U (L, d, r)`` with every ``A_t = U_t U_t^T``
+    materialised (float64) and the pairs looped over: the reference for :func:`V.cap_check`."""
+    A = [u @ u.T for u in U]
+    kappa = [float((u * u).sum()) for u in U]
+    n = len(A)
+    pairs = [float(((A[i] - A[j]) ** 2).sum()) for i in range(n) for j in range(n) if i != j]
+    return {
+        "anti": sum(max(kappa_min - k, 0.0) for k in kappa) / n,
+        "div": -sum(pairs) / len(pairs),
+        "smooth": sum(float(((A[t] - A[t + 1]) ** 2).sum()) for t in range(n - 1)) / (n - 1),
+        "cap": sum(max(k - kappa_max, 0.0) for k in kappa) / n,
+    }
+
+
+def test_the_cap_check_matches_the_materialised_regularisers_and_finds_them_unbounded():
+    """The weighted terms of :func:`V.cap_check` equal eqs. (31) to (34) computed with every
+    ``d x d`` metric formed (float64, to 1e-10); diversity and smoothness scale like
+    ``lambda^4`` and the cap grows linearly in ``kappa`` past ``kappa_max``; with the book
+    grid's weights the sum peaks and falls without bound, so eq. (34)'s claim is contradicted."""
+    runs = runs_with()
+    setting = V.cap_setting(runs)
+    book = fb.chapter_grid()["fbt"]
+    assert (setting["d"], setting["seq_len"], setting["rank"]) == (16, 64, 4)
+    assert setting["kappa_max"] == book["reg"]["kappa_max"] and setting["weights"]["cap"] == 10.0
+    assert setting["weights"]["div"] == pytest.approx(1.0 / book["reg"]["kappa_max"])
+    small = {**setting, "seq_len": 12, "d": 6, "rank": 2}
+    c = V.cap_check(**small, points=9, top=100.0)
+    g = torch.Generator().manual_seed(0)
+    U = torch.randn(1, 1, 12, 6, 2, generator=g, dtype=torch.float64)
+    U = U * math.sqrt(small["kappa_max"] / float((U * U).sum((-1, -2)).mean()))
+    for i, r in enumerate(c["ratio"]):
+        ref = _terms_by_hand(U[0, 0] * math.sqrt(r), small["kappa_min"], small["kappa_max"])
+        for k, v in ref.items():
+            assert c["terms"][k][i] == pytest.approx(small["weights"][k] * v, rel=1e-10, abs=1e-14)
+    div, smooth = c["terms"]["div"], c["terms"]["smooth"]
+    np.testing.assert_allclose(div / div[0], (c["ratio"] / c["ratio"][0]) ** 2, rtol=1e-12)
+    np.testing.assert_allclose(smooth / smooth[0], (c["ratio"] / c["ratio"][0]) ** 2, rtol=1e-12)
+    at_one = _terms_by_hand(U[0, 0], small["kappa_min"], small["kappa_max"])
+    assert c["quartic"] == pytest.approx(
+        small["weights"]["div"] * at_one["div"] + small["weights"]["smooth"] * at_one["smooth"],
+        rel=1e-10,
+    )
+    assert c["quartic"] < 0 and c["at_top"] < c["total"][0] and 1.0 < c["peak"] < 100.0
+    out = V.cap_outcome(V.cap_check(**setting))
+    assert out.outcome == "contradicted" and "falls without bound" in out.summary
+    assert (
+        V.outcomes_from_runs(runs, _timing([1.0, 1.1, 1.0]), evidence="x")[
+            "riemannian/eq-34"
+        ].outcome
+        == "contradicted"
+    )
+
+
+def test_the_cap_check_passes_when_nothing_pushes_the_metric_up():
+    """The check can pass: with the diversity weight 0 (the hinges and smoothness only) the
+    regularisers never fall below their value at ``kappa_max``, and the outcome is supported."""
+    setting = V.cap_setting(runs_with())
+    calm = {**setting, "weights": {**setting["weights"], "div": 0.0}}
+    c = V.cap_check(**calm)
+    assert c["quartic"] >= 0 and c["at_top"] > c["total"][0]
+    assert V.cap_outcome(c).outcome == "supported"

@@ -340,3 +340,4 @@ def test_chapter_4_executes_on_a_grid_with_diverged_runs_and_names_them(
         said = rf"Outcome[^\n]*: \*\*not tested\*\* \({claim}: [^\n]*: {re.escape(reason)}\)"
         assert re.search(said, text), f"{claim} is not 'not tested' for {reason}"
     assert ", 3 of which diverged" in text
+    assert "3 runs of this grid diverged, none after a log step." in text  # the cap section

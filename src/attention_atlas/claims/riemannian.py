@@ -166,6 +166,16 @@ CLAIMS: list[Claim] = [
         SWEEP_FBT,
     ),
     _c(
+        "riemannian/eq-34",
+        "Section 6.4, eq. (34)",
+        "hypothesis",
+        "The soft cap ReLU(||U_t||_F^2 - kappa_max) of eq. (34) gives the diversity regulariser "
+        "(32) the upper bound on the metric strength it lacks.",
+        C4,
+        "The cap of eq. (34): does it bound the metric?",
+        "fiber_bundle",
+    ),
+    _c(
         "riemannian/P4",
         "Prediction P4, Conjecture 6.1",
         "prediction",

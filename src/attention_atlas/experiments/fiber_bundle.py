@@ -286,7 +286,9 @@ def _scaled_weights(weights: dict[str, float], kappa_max: float) -> dict[str, fl
     """Default regulariser weights made scale-free in the metric strength: the diversity and
     smoothness terms grow like ``kappa^2``, so their weights are divided by ``kappa_max``
     (their gradient then stays O(1) at the cap); the hinge terms (anti-flatness, cap) are linear
-    in ``kappa`` and keep theirs, the cap ten times stronger than the diversity push."""
+    in ``kappa`` and keep theirs, the cap ten times stronger than the diversity push at
+    ``kappa_max`` (only near it: far above, the quartic diversity term wins, so these weights
+    bound nothing; :func:`~attention_atlas.experiments.fiber_bundle_verdicts.cap_check`)."""
     w = {"anti": 1.0, "div": 1.0 / kappa_max, "smooth": 0.1 / kappa_max, "cap": 10.0, "l2": 1.0}
     w.update(weights)
     return w

@@ -323,6 +323,33 @@ class Runs:
         every seed: the arms a figure or an interval over seeds can show."""
         return [c for c in (self.grid if configs is None else configs) if not self.diverged(c)]
 
+    def divergence_table(self) -> pd.DataFrame:
+        """Every run that diverged, at its last log step before the divergence: ``config``,
+        ``seed``, ``diverged_step``, ``last_log_step``, the largest mean ``kappa_t`` over
+        blocks (``kappa_mean``, from the log's ``fiber_bundle/l<l>/kappa_mean``) and it over the
+        run's ``kappa_max`` (``kappa / kappa_max``), and the weighted geometric regulariser
+        (``regularizer``, the log's ``reg/fiber_bundle``); NaN where the run diverged before
+        its first log. Empty (with those columns) when every run finished."""
+        rows = []
+        for config in self.grid:
+            for seed, step in sorted(self.diverged(config).items()):
+                h = self.history(config, seed)
+                kappas = [
+                    c
+                    for c in h.columns
+                    if c.startswith("fiber_bundle/l") and c.endswith("/kappa_mean")
+                ]
+                last = h.iloc[-1] if len(h) else pd.Series(dtype=float)
+                kappa = float(max(last[c] for c in kappas)) if len(h) and kappas else math.nan
+                kappa_max = float(self.grid[config].get("reg", {}).get("kappa_max", math.nan))
+                rows.append({"config": config, "seed": seed, "diverged_step": step,
+                             "last_log_step": float(last.get("step", math.nan)),
+                             "kappa_mean": kappa, "kappa / kappa_max": kappa / kappa_max,
+                             "regularizer": float(last.get("reg/fiber_bundle", math.nan))})  # fmt: skip
+        cols = ["config", "seed", "diverged_step", "last_log_step", "kappa_mean",
+                "kappa / kappa_max", "regularizer"]  # fmt: skip
+        return pd.DataFrame(rows, columns=cols)
+
     def interval(self, config: str, column: str) -> Interval:
         """Mean of ``column`` over seeds with its 95% interval."""
         return _interval(self.per_seed(config, column))

@@ -21,10 +21,14 @@ from ..attention.riemannian.geometry import isometry_defect, torsion_dense, tran
 from ..claims import Outcome, TrainingScale, outcome_from_check, outcome_from_verdict
 from ..stats import Verdict, mean_interval, paired_difference, verdict
 from .fiber_bundle_analysis import Runs
+from .fiber_bundle_cap import cap_check, cap_outcome, cap_setting
 
 __all__ = [
     "SESOI",
     "at_scale",
+    "cap_check",
+    "cap_outcome",
+    "cap_setting",
     "SESOI_REASON",
     "eq25_counterexample",
     "matched_control",
@@ -346,6 +350,7 @@ def outcomes_from_runs(
     p1, _ = p1_verdict(runs)
     p3, p4 = p3_verdicts(runs), p4_verdicts(runs)
     c = eq25_counterexample(*check_size)
+    cap = cap_check(**cap_setting(runs))
     holds = abs(c["lhs"] - c["rhs"]) <= 1e-12 * c["rhs"]
     overhead = overhead_verdict(timing)
     cost_meta = timing.get("meta", {})
@@ -359,6 +364,7 @@ def outcomes_from_runs(
             f"<= ||Delta||_F^2 / sqrt(2) = {c['bound']:.6g}",
             extra=c,
         ),
+        "riemannian/eq-34": cap_outcome(cap),
         "riemannian/P1": _training(
             p1,
             "P1: attention sigma_2, strongest minus weakest imposed metric (paired by seed)",
