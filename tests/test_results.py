@@ -63,6 +63,26 @@ def test_the_manifest_adds_seeds_and_refuses_another_grid_in_the_same_folder(sto
         run_experiment("toy", preset="smoke", params={"steps": 6}, seeds=[0], log=None)
 
 
+def test_a_stored_grid_may_grow_by_configurations_but_not_lose_or_change_one(store: Path) -> None:
+    """A configuration added to a stored grid (a control the long grid turned out to need) is
+    recorded and its cells run beside the stored ones, which stay valid and are not re-run; a
+    grid that drops or changes a stored configuration is refused, naming it."""
+    run_experiment("toy", preset="smoke", seeds=[0], log=None, progress=False)
+    folder = store / "toy" / "smoke"
+    before = {p.name: p.read_text() for p in (folder / "cells").glob("*.json")}
+    run_experiment(
+        "toy", preset="smoke", params={"dims": [8, 4]}, seeds=[0], log=None, progress=False
+    )
+    manifest = json.loads((folder / "grid.json").read_text())
+    assert list(manifest["configs"]) == ["dim-8", "dim-4"]
+    after = {p.name: p.read_text() for p in (folder / "cells").glob("*.json")}
+    assert len(after) == len(before) + 1 and all(after[n] == text for n, text in before.items())
+    grid = results.load_grid("toy", "smoke", complete=False)
+    assert ("dim-4", 0) in grid.records and ("dim-8", 0) in grid.records
+    with pytest.raises(ValueError, match="configuration dim-4 removed"):
+        run_experiment("toy", preset="smoke", seeds=[0], log=None)
+
+
 def test_stored_or_run_loads_a_complete_stored_grid_without_running(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

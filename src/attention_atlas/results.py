@@ -88,8 +88,10 @@ def update_manifest(
     configs: Mapping[str, Mapping[str, Any]],
     seeds: Sequence[int],
 ) -> dict[str, Any]:
-    """Record the grid of ``folder`` in ``grid.json``: the seeds are added to those there; a
-    folder that holds another grid (a configuration added, removed or changed) is refused."""
+    """Record the grid of ``folder`` in ``grid.json``: the seeds are added to those there, and
+    so are configurations (a grid may grow: a stored cell's key is its configuration's hash,
+    so every stored cell stays valid); a folder whose grid has a configuration this one
+    removes or changes is refused."""
     folder = Path(folder)
     (folder / "cells").mkdir(parents=True, exist_ok=True)
     locks = CellLocks(folder, stale_after=60.0, heartbeat=10.0)
@@ -102,7 +104,8 @@ def update_manifest(
         old = _read_manifest(folder)
         new_configs = {k: canonical(v) for k, v in configs.items()}
         if old is not None:
-            diff = _grid_differences(old["configs"], new_configs)
+            diff = [d for d in _grid_differences(old["configs"], new_configs)
+                    if not d.endswith(" added")]  # fmt: skip
             if diff:
                 raise ValueError(
                     f"{folder} holds another grid of {old['experiment']} ({'; '.join(diff[:5])}); "
