@@ -202,7 +202,8 @@ if DIVERGED:
         "(`train.train`), so such a run has no final bits per character and nothing is measured "
         "on its weights; its seeds cannot be paired, and dropping them would compare the arms on "
         "the seeds that happened to survive. The figures below leave it out, and every "
-        "prediction that compares it is *not tested*, naming it."
+        "prediction that compares it is *not tested*, naming it. The section on eq. (34) below reads "
+        "these runs at their last log step, against what the regularisers do to a growing metric."
     )  # fmt: skip
 TIME_COL, TIME_NAME = runs.time  # CPU time where every cell recorded it, else wall time
 fig = make_subplots(rows=1, cols=2, subplot_titles=("validation bits per character", TIME_NAME))
