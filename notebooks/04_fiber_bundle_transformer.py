@@ -484,13 +484,12 @@ fig.update_layout(
 )
 viz.show(fig)
 st = cap["setting"]
-at_max = float(np.interp(1.0, cap["ratio"], cap["total"]))
 viz.markdown(
     f"With this grid's weights (diversity {st['weights']['div']:.3g}, smoothness "
     f"{st['weights']['smooth']:.3g}, cap {st['weights']['cap']:.3g}, anti-flatness "
     f"{st['weights']['anti']:.3g}; $\\kappa_\\max$ = {st['kappa_max']:.3g}) the sum peaks at mean "
     f"$\\kappa$ = {cap['peak']:.3g} $\\kappa_\\max$ and falls without bound beyond it: "
-    f"{cap['at_top']:.3g} at {cap['ratio'][-1]:.0f} $\\kappa_\\max$, against {at_max:.3g} at "
+    f"{cap['at_top']:.3g} at {cap['ratio'][-1]:.0f} $\\kappa_\\max$, against {cap['at_max']:.3g} at "
     f"$\\kappa_\\max$ ($c_4$ = {cap['quartic']:.3g} per unit $(\\kappa / \\kappa_\\max)^2$). Past "
     f"the peak the regularisers push the metric up rather than down; only the task loss can "
     f"stop it. Outcome: {outcome_line('riemannian/eq-34')}."

@@ -64,7 +64,8 @@ def cap_check(
     end), ``quartic`` (``c4`` per unit ``(mean kappa / kappa_max)^2``: the weighted diversity
     and smoothness at mean ``kappa = kappa_max``), and ``cap_slope`` (the cap's weighted value
     per unit ``mean kappa / kappa_max`` once every token is above ``kappa_max``, its linear
-    rate).
+    rate), ``at_top`` and ``at_max`` (the sum at the largest scale and at mean ``kappa =
+    kappa_max``).
     """
     g = torch.Generator().manual_seed(seed)
     U = torch.randn(1, 1, seq_len, d, rank, generator=g, dtype=torch.float64)
@@ -88,6 +89,7 @@ def cap_check(
         "quartic": weights["div"] * float(at_one["div"]) + weights["smooth"] * float(at_one["smooth"]),
         "cap_slope": weights["cap"] * kappa_max,
         "at_top": float(total[-1]),
+        "at_max": float(np.interp(1.0, ratio, total)),
         "setting": {"d": d, "seq_len": seq_len, "rank": rank, "kappa_min": kappa_min,
                     "kappa_max": kappa_max, "weights": {k: weights[k] for k in used}},
     }  # fmt: skip
@@ -99,7 +101,7 @@ def cap_outcome(check: dict[str, Any]) -> Outcome:
     below their value at ``kappa_max`` along the scaled metric (bounded below, so the
     regularisers alone do not push ``kappa`` up forever)."""
     st = check["setting"]
-    at_max = float(np.interp(1.0, check["ratio"], check["total"]))
+    at_max = check["at_max"]
     bounded = check["quartic"] >= 0 and check["at_top"] >= at_max
     where = (f"a random U (L, d, r) = ({st['seq_len']}, {st['d']}, {st['rank']}) with the grid's "
              f"weights (diversity {st['weights']['div']:.3g}, cap {st['weights']['cap']:.3g}, "
