@@ -494,6 +494,14 @@ viz.markdown(
     f"the peak the regularisers push the metric up rather than down; only the task loss can "
     f"stop it. Outcome: {outcome_line('riemannian/eq-34')}."
 )
+
+
+def span(x: pd.Series, first: str) -> str:
+    """``"a"`` for one value, ``"from a to b"`` for several, ``a`` the ``first`` end."""
+    a, b = (x.min(), x.max()) if first == "min" else (x.max(), x.min())
+    return f"{a:.3g}" if len(x) == 1 else f"from {a:.3g} to {b:.3g}"
+
+
 runaway = runs.divergence_table()
 logged = runaway.dropna(subset=["kappa / kappa_max"])
 past = int((logged["kappa / kappa_max"] > cap["peak"]).sum())
@@ -502,11 +510,10 @@ if len(runaway):
 if len(logged):
     viz.markdown(
         f"{len(runaway)} runs of this grid diverged, {len(logged)} of them after a log step. At "
-        f"their last one, {past} had a block whose mean $\\kappa_t$ stood beyond that peak (from "
-        f"{logged['kappa / kappa_max'].min():.3g} to {logged['kappa / kappa_max'].max():.3g} times "
-        f"their $\\kappa_\\max$), with the regulariser at {logged['regularizer'].max():.3g} to "
-        f"{logged['regularizer'].min():.3g}"
-        + (": the runaway the degrees predict." if past == len(runaway) else ".")
+        f"their last one, {past} had a block whose mean $\\kappa_t$ stood beyond that peak "
+        f"({span(logged['kappa / kappa_max'], 'min')} times their $\\kappa_\\max$), with the "
+        f"regulariser at {span(logged['regularizer'], 'max')}"
+        + (": the runaway the degrees predict." if past == len(logged) else ".")
     )  # fmt: skip
 else:
     viz.markdown(f"{len(runaway) or 'No'} runs of this grid diverged"

@@ -312,10 +312,12 @@ def test_chapter_4_executes_on_a_grid_with_diverged_runs_and_names_them(
                          use_stored=False, out_dir=folder, log=None)  # fmt: skip
     assert params["seeds"] == [0, 1] and not grid.missing
     steps = {}
-    for config, seed in (("fbt", 1), ("fbt_kappa-0.1", 0), ("fbt_noise", 0)):
+    # lr 1e30 diverges at the first update; at lr 1.4 the weakest cap level runs away as eq. (34)
+    # cannot stop (mean kappa_t some 1e11 kappa_max at the step-3 log), diverging after that log
+    for config, seed, lr in (("fbt", 1, 1e30), ("fbt_kappa-0.1", 0, 1.4), ("fbt_noise", 0, 1e30)):
         rec = grid.records[(config, seed)]
         p = rec["params"]
-        blown = {**p, "train": {**p["train"], "lr": 1e30, "warmup_steps": 0}}
+        blown = {**p, "train": {**p["train"], "lr": lr, "warmup_steps": 0}}
         with pytest.warns(RuntimeWarning, match="training diverged at step"):
             out = fb.run_cell(blown, seed)
         steps[config] = out["diverged_step"]
@@ -340,4 +342,16 @@ def test_chapter_4_executes_on_a_grid_with_diverged_runs_and_names_them(
         said = rf"Outcome[^\n]*: \*\*not tested\*\* \({claim}: [^\n]*: {re.escape(reason)}\)"
         assert re.search(said, text), f"{claim} is not 'not tested' for {reason}"
     assert ", 3 of which diverged" in text
-    assert "3 runs of this grid diverged, none after a log step." in text  # the cap section
+    assert steps["fbt_kappa-0.1"] > params["log_every"] >= steps["fbt"]
+    # the cap section: its table, and the one run that reached a log step read against the peak
+    said = (
+        r"3 runs of this grid diverged, 1 of them after a log step\. At their last one, 1 had "
+        r"a block whose mean \$\\kappa_t\$ stood beyond that peak \((\S+) times their "
+        r"\$\\kappa_\\max\$\), with the regulariser at (\S+): the runaway"
+    )
+    found = re.search(said, text)
+    assert found, "the cap section does not read the run that diverged after a log step"
+    assert float(found[1]) > 1e6 and float(found[2]) < -1e6
+    assert re.search(
+        rf"fbt_kappa-0\.1\s+0\s+{steps['fbt_kappa-0.1']}\s+{params['log_every']}\.0", text
+    )
