@@ -496,10 +496,10 @@ viz.markdown(
 )
 
 
-def span(x: pd.Series, first: str) -> str:
-    """``"a"`` for one value, ``"from a to b"`` for several, ``a`` the ``first`` end."""
+def span(x: pd.Series, first: str, one: str = "") -> str:
+    """``one + "a"`` for one value, ``"from a to b"`` for several, ``a`` the ``first`` end."""
     a, b = (x.min(), x.max()) if first == "min" else (x.max(), x.min())
-    return f"{a:.3g}" if len(x) == 1 else f"from {a:.3g} to {b:.3g}"
+    return f"{one}{a:.3g}" if len(x) == 1 else f"from {a:.3g} to {b:.3g}"
 
 
 runaway = runs.divergence_table()
@@ -512,7 +512,7 @@ if len(logged):
         f"{len(runaway)} runs of this grid diverged, {len(logged)} of them after a log step. At "
         f"their last one, {past} had a block whose mean $\\kappa_t$ stood beyond that peak "
         f"({span(logged['kappa / kappa_max'], 'min')} times their $\\kappa_\\max$), with the "
-        f"regulariser at {span(logged['regularizer'], 'max')}"
+        f"regulariser {span(logged['regularizer'], 'max', 'at ')}"
         + (": the runaway the degrees predict." if past == len(logged) else ".")
     )  # fmt: skip
 else:
