@@ -59,6 +59,12 @@ def add_subcommand(subparsers: Any) -> None:
         "(TrainConfig(compile=True)), side by side with the eager one",
     )
     p.add_argument(
+        "--native",
+        action="store_true",
+        help="--train: also time (and profile) the Riemannian and Fiber Bundle steps with the "
+        "native CPU kernels (TrainConfig(native=True)), side by side",
+    )
+    p.add_argument(
         "--lengths",
         type=int,
         nargs="+",
@@ -193,7 +199,7 @@ def _cli_record(args: argparse.Namespace) -> int:
 
         rec = bench_train(args.variants or TRAIN_VARIANTS, args.shape, reps=args.reps,
                           warmup=args.warmup, compiled=args.compile,
-                          device=args.device or "cpu")  # fmt: skip
+                          device=args.device or "cpu", native=args.native)  # fmt: skip
         text = format_train_table(rec)
     else:
         from .bench_scaling import KERNEL_VARIANTS, kernel_scaling

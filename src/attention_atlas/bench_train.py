@@ -50,6 +50,7 @@ from torch import nn
 
 from .attention.registry import get_regularizer
 from .bench import compare
+from .bench_train_tables import format_train_table, phase_table, step_flops
 from .data import TextCorpus, load_char_ptb
 from .models import FiberBundleConfig, ModelConfig
 from .profiling import PREFIX
@@ -76,6 +77,10 @@ TRAIN_VARIANTS = (
 _SHAPE_KEYS = ("dim", "n_layers", "n_heads", "batch_size", "seq_len")
 #: suffix of a variant's compiled run among :func:`bench_train`'s timed steps
 COMPILED = "@compiled"
+#: suffix of a variant's run with the native kernels (:mod:`attention_atlas.native`)
+NATIVE = "@native"
+#: the variants whose steps the native kernels change (the others run the same operators)
+NATIVE_VARIANTS = ("riemannian", "fiber_bundle")
 
 
 def _shape(preset: str) -> dict[str, int]:
@@ -130,10 +135,12 @@ def _build_run(
     return _build(mcfg, tcfg, data, torch.device(device), [])
 
 
-def _step_fn(run: Any, compiled: bool = False) -> Callable[[], torch.Tensor]:
+def _step_fn(run: Any, compiled: bool = False, native: bool = False) -> Callable[[], torch.Tensor]:
     """One call = one optimiser step of ``run`` by the harness's own step function; with
     ``compiled``, its forward through :class:`attention_atlas.train.compiled.CompiledSteps`, as a
-    run with ``TrainConfig(compile=True)`` takes it."""
+    run with ``TrainConfig(compile=True)`` takes it; with ``native``, the native kernels on
+    (:func:`attention_atlas.native.enabled`), as ``TrainConfig(native=True)``."""
+    from . import native as native_kernels
     from .train.checkpoint import TrainClock
     from .train.compiled import CompiledSteps
     from .train.loop import _optimiser_step
@@ -143,7 +150,7 @@ def _step_fn(run: Any, compiled: bool = False) -> Callable[[], torch.Tensor]:
     module = CompiledSteps(run.model) if compiled else run.model
 
     def step() -> torch.Tensor:
-        with torch.enable_grad():
+        with torch.enable_grad(), native_kernels.enabled(native):
             _optimiser_step(run, module, needs_w, clock)
         return torch.zeros(())
 
@@ -377,6 +384,7 @@ def bench_train(
     data: TextCorpus | None = None,
     compiled: bool = False,
     device: torch.device | str = "cpu",
+    native: bool = False,
 ) -> dict[str, Any]:
     """Time, profile and count one training step of each of ``variants`` against ``dot``.
 
@@ -391,6 +399,9 @@ def bench_train(
             each variant from the same seed (record name ``train-<shape>-compiled``).
         device: where the models train (``"cuda"``: timed by the wall clock with the GPU
             synchronised, phases by the GPU time of their kernels; the record's ``device``).
+        native: also time (and profile) the step of each of :data:`NATIVE_VARIANTS` with the
+            native kernels (``TrainConfig(native=True)``), in the same interleaved rounds: a
+            second run from the same seed (record name ``train-<shape>-native``).
 
     Returns:
         ``{"name", "kind": "train_step", "shape", "sizes", "baseline": "dot", "device",
@@ -401,8 +412,12 @@ def bench_train(
         ran, regularisers included) and for ``cofactor`` the ``regularizer_estimate``; with
         ``compiled`` also ``"compiled": {median_s, q25_s, q75_s, ratio_median, ...}`` (ratios
         to the eager dot step), ``"compile_speedup"`` (eager median over compiled median) and
-        ``"compile_error"`` (None, or the error that sent the steps back to eager).
+        ``"compile_error"`` (None, or the error that sent the steps back to eager); with
+        ``native``, for :data:`NATIVE_VARIANTS`, ``"native"`` (timing as ``compiled``'s),
+        ``"native_speedup"``, ``"native_phases"`` and ``"native_status"``.
     """
+    from . import native as native_kernels
+
     t0 = time.time()
     sizes = SHAPES[shape] if isinstance(shape, str) else {k: int(shape[k]) for k in _SHAPE_KEYS}
     names = ["dot", *[v for v in variants if v != "dot"]]
@@ -416,6 +431,12 @@ def bench_train(
     if compiled:  # a second run of each, from the same seed, its forward compiled
         for v in names:
             steps[v + COMPILED] = _step_fn(_build_run(v, sizes, corpus, seed, dev), compiled=True)
+    native_runs = {}
+    if native:  # a second run of each variant the kernels change, from the same seed
+        for v in names:
+            if v in NATIVE_VARIANTS:
+                native_runs[v] = _build_run(v, sizes, corpus, seed, dev)
+                steps[v + NATIVE] = _step_fn(native_runs[v], native=True)
     clock = "cpu" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
     timing = compare(steps, "dot", (), backward=False, warmup=warmup, reps=reps,
                      min_sample_s=min_sample_s, memory=False, clock=clock, device=dev)  # fmt: skip
@@ -436,65 +457,18 @@ def bench_train(
             results[v]["compiled"] = c
             results[v]["compile_speedup"] = t["median_s"] / c["median_s"]
             results[v]["compile_error"] = steps[v + COMPILED].compiled.error  # type: ignore[attr-defined]
+        if v in native_runs:
+            nt = dict(timing["results"][v + NATIVE]["forward"])
+            results[v]["native"] = nt
+            results[v]["native_speedup"] = t["median_s"] / nt["median_s"]
+            results[v]["native_phases"] = profile_phases(
+                steps[v + NATIVE], native_runs[v].model, profile_steps, dev
+            )
+            results[v]["native_status"] = native_kernels.status()
     name = f"train-{shape}" if isinstance(shape, str) else "train-custom"
     return {
-        "name": name + ("-compiled" if compiled else ""),
+        "name": name + ("-compiled" if compiled else "") + ("-native" if native else ""),
         "kind": "train_step", "shape": shape if isinstance(shape, str) else "custom",
         "sizes": sizes, "baseline": "dot", "device": dev.type, "threads": torch.get_num_threads(),
         "reps": reps, "clock": clock, "seconds": time.time() - t0, "results": results,
     }  # fmt: skip
-
-
-def step_flops(result: dict[str, Any]) -> float:
-    """The matrix-product FLOPs of one whole step of a :func:`bench_train` result: those the
-    profile counted (model, loss and regularisers, the path the step really takes) plus the
-    estimate of the LU factorisations of a cofactor regulariser on non-causal heads, which have
-    no FLOP formula (causal heads take the closed form, no factorisation)."""
-    f = result["flops"]
-    return float(f["step_counted"] + f.get("regularizer_estimate", 0))
-
-
-def phase_table(record: dict[str, Any], variant: str) -> list[dict[str, Any]]:
-    """Rows ``{phase, ms, of dot step, share, forward MFLOP, backward MFLOP, GFLOP/s}`` of one
-    variant's step, largest first; ``ms`` is the phase's share of the median step time, and
-    ``GFLOP/s`` the rate its counted FLOPs ran at."""
-    res = record["results"][variant]
-    step_s, dot_s = res["step"]["median_s"], record["results"]["dot"]["step"]["median_s"]
-    rows = [
-        {"phase": name, "ms": 1e3 * p["share"] * step_s, "of dot step": p["share"] * step_s / dot_s,
-         "share": p["share"], "forward MFLOP": p["forward_flops"] / 1e6,
-         "backward MFLOP": p["backward_flops"] / 1e6,
-         "GFLOP/s": (p["forward_flops"] + p["backward_flops"]) / (p["share"] * step_s) / 1e9
-         if p["share"] > 0 else math.nan}
-        for name, p in res["phases"].items()
-    ]  # fmt: skip
-    return sorted(rows, key=lambda r: -r["ms"])
-
-
-def format_train_table(record: dict[str, Any]) -> str:
-    """A plain-text summary of :func:`bench_train`: step time, ratio to dot, FLOPs."""
-    s = record["sizes"]
-    lines = [
-        f"training step against dot, shape {record['shape']} {s} on {record['device']} "
-        f"({record['threads']} threads), {record['reps']} interleaved rounds",
-        f"{'variant':<14} {'step ms':>9} {'ratio':>7} {'[q25,q75]':>13} {'step GFLOP':>11} "
-        f"{'FLOP ratio':>10}",
-    ]
-    dot_flops = step_flops(record["results"]["dot"])
-    for v, r in record["results"].items():
-        t, f = r["step"], step_flops(r)
-        lines.append(
-            f"{v:<14} {t['median_s'] * 1e3:>9.2f} {t['ratio_median']:>7.2f} "
-            f"{'[' + format(t['ratio_q25'], '.2f') + ',' + format(t['ratio_q75'], '.2f') + ']':>13} "
-            f"{f / 1e9:>11.3f} {f / dot_flops:>10.2f}"
-        )
-    if all("compiled" in r for r in record["results"].values()):
-        lines.append("compiled forward (torch.compile), the same rounds; ratios to eager dot")
-        lines.append(f"{'variant':<14} {'step ms':>9} {'ratio':>7} {'speedup':>8}  fell back")
-        for v, r in record["results"].items():
-            c = r["compiled"]
-            lines.append(
-                f"{v:<14} {c['median_s'] * 1e3:>9.2f} {c['ratio_median']:>7.2f} "
-                f"{r['compile_speedup']:>8.2f}  {r['compile_error'] or 'no'}"
-            )
-    return "\n".join(lines)

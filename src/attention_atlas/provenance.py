@@ -123,7 +123,8 @@ class Provenance:
         days = sorted(str(p["finished"])[:10] for p in provs if p.get("finished"))
         devices = [(f"GPU {p.get('gpu')}" if p.get("device") == "cuda" else
                     f"CPU {p.get('cpu', '?')}, {p.get('threads', '?')} thread(s)")
-                   + (", compiled steps" if p.get("compile") else "") for p in provs]  # fmt: skip
+                   + (", compiled steps" if p.get("compile") else "")
+                   + (", native kernels" if p.get("native") else "") for p in provs]  # fmt: skip
         return cls(source, experiment, preset, str(folder), unique([p.get("command") for p in provs]),
                    unique(commits), unique([days[0], days[-1]] if days else []), unique(devices),
                    len(records), float(sum(r.get("cell_seconds", 0.0) for r in records)),

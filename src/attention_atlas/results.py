@@ -341,18 +341,19 @@ def _hide_gpus() -> None:
 
 def _rerun(
     run_cell: Any, params: dict[str, Any], seed: int, threads: int, hide_gpus: bool,
-    compile: bool = False,
+    compile: bool = False, native: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     from .sweep_backends import execute_cell
 
     if not hide_gpus:
-        return execute_cell(run_cell, params, seed, threads, compile)
+        return execute_cell(run_cell, params, seed, threads, compile, native=native)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=ctx, initializer=_hide_gpus) as pool:
-        return dict(pool.submit(execute_cell, run_cell, params, seed, threads, compile).result())
+        return dict(pool.submit(execute_cell, run_cell, params, seed, threads, compile,
+                                native=native).result())  # fmt: skip
 
 
 def verify(
@@ -372,7 +373,7 @@ def verify(
     count; it must reproduce exactly when this CPU model and torch version are those that made
     it, else within ``rtol``. A cell made on a GPU is re-run on a GPU (skipped without one) and
     must agree within ``rtol``. A cell made with compiled steps (``sweep --compile``) is re-run
-    compiled.
+    compiled, one made with the native kernels (``sweep --native``) with them.
     """
     import torch
 
@@ -396,7 +397,7 @@ def verify(
         else:
             out = _rerun(mod.run_cell, rec["params"], rec["seed"], int(prov.get("threads") or 1),
                          hide_gpus=not on_gpu and torch.cuda.is_available(),
-                         compile=bool(prov.get("compile")))  # fmt: skip
+                         compile=bool(prov.get("compile")), native=bool(prov.get("native")))  # fmt: skip
             env = out["environment"]
             exact = not on_gpu and prov.get("threads") == 1 and env["cpu"] == prov.get("cpu") and \
                 env["versions"]["torch"] == prov.get("versions", {}).get("torch")  # fmt: skip

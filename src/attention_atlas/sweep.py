@@ -60,18 +60,9 @@ from .results import store_dir, update_manifest
 from .sweep_backends import BACKENDS, CellRun, WorkerLost, execute_cell, make_backend
 
 __all__ = [
-    "EXPERIMENTS",
-    "Cell",
-    "add_subcommand",
-    "cell_key",
-    "execute_cell",
-    "load_cell",
-    "load_results",
-    "make_cells",
-    "run_experiment",
-    "run_sweep",
-    "sweep_command",
-]
+    "EXPERIMENTS", "Cell", "add_subcommand", "cell_key", "execute_cell", "load_cell",
+    "load_results", "make_cells", "run_experiment", "run_sweep", "sweep_command",
+]  # fmt: skip
 
 
 def load_cell(out_dir: str | Path, cell: Cell) -> dict[str, Any]:
@@ -116,6 +107,7 @@ def run_sweep(
     stale_after: float = 300.0,
     compile: bool = False,
     checkpoint_every: int = 0,
+    native: bool = False,
 ) -> pd.DataFrame:
     """Run every cell not already finished under ``out_dir``; return all their results.
 
@@ -141,6 +133,7 @@ def run_sweep(
             ``out_dir/.checkpoints/<key>`` (git-ignored; removed when the cell returns), and a
             cell killed mid-way resumes from them when run again, to the same result
             (:mod:`~attention_atlas.train.resumable`); 0 (default): none.
+        native: the native CPU kernels (:mod:`attention_atlas.native`), recorded as ``compile``.
 
     Returns:
         The results of ``cells`` (in order), with columns ``config``, ``seed``, ``key``,
@@ -171,7 +164,7 @@ def run_sweep(
 
     t_all = time.perf_counter()
     locks = CellLocks(root / "cells", stale_after=stale_after, heartbeat=min(30.0, stale_after / 4))
-    how = CellRun(threads, compile, checkpoint_every, str(root / ".checkpoints"))
+    how = CellRun(threads, compile, checkpoint_every, str(root / ".checkpoints"), native)
     exe = make_backend(backend, workers, address, threads, gpus_per_cell)
     ok = False
     try:
@@ -305,10 +298,11 @@ def sweep_command(
     *,
     only: Sequence[str] | None = None,
     out: str | Path | None = None,
-    compile: bool = False,
+    flags: Sequence[str] = (),
 ) -> str:
     """The ``python -m attention_atlas sweep`` line that runs this grid: ``-p`` for each of
-    ``params`` that differs from the preset (or ``chapter_grid``'s default)."""
+    ``params`` that differs from the preset (or ``chapter_grid``'s default), then ``flags``
+    (``compile``, ``native``) as ``--compile``, ``--native``."""
     import inspect
 
     mod = experiment(name)
@@ -325,7 +319,7 @@ def sweep_command(
         parts += ["--only", *only]
     if out is not None:
         parts += ["--out", shlex.quote(str(out))]
-    return " ".join(parts + (["--compile"] if compile else []))
+    return " ".join(parts + [f"--{f}" for f in flags])
 
 
 def run_experiment(
@@ -354,7 +348,7 @@ def run_experiment(
     default_out = out_dir is None or out.resolve() == store_dir(name, preset).resolve()
     command = sweep_command(name, preset, kwargs, seeds, only=only,
                             out=None if default_out or not command_out else out_dir,
-                            compile=bool(sweep_kwargs.get("compile")))  # fmt: skip
+                            flags=[f for f in ("compile", "native") if sweep_kwargs.get(f)])  # fmt: skip
     update_manifest(out, experiment=name, preset=preset, params=kwargs, configs=grid, seeds=seeds)
     prov = {"command": command, "experiment": name, "preset": preset}
     return run_sweep(make_cells(run, seeds), mod.run_cell, out, provenance=prov, **sweep_kwargs)
@@ -411,6 +405,7 @@ def _add_backend_arguments(p: Any) -> None:
     g.add_argument("--gpus-per-cell", type=int, default=0, help="GPU request per cell on Dask")
     g.add_argument("--compile", action="store_true",
                    help="training steps through torch.compile (faster on CPU, other rounding)")  # fmt: skip
+    g.add_argument("--native", action="store_true", help="native CPU kernels (other rounding)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -496,5 +491,5 @@ def _run_grid_from_cli(args: Any, kwargs: dict[str, Any], address: str | None) -
         out_dir=args.out, resume=not args.no_resume, threads=args.threads, backend=args.backend,
         workers=args.workers, address=address, gpus_per_cell=args.gpus_per_cell,
         progress=False if args.no_progress else None, compile=args.compile,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=args.checkpoint_every, native=args.native,
     )  # fmt: skip

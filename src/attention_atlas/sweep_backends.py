@@ -32,12 +32,14 @@ BACKENDS = ("local", "dask")
 class CellRun:
     """How a sweep runs each cell (none of it is part of a cell's key): ``threads`` torch
     threads, ``compile`` its training steps, checkpoint them every ``checkpoint_every`` steps
-    under ``checkpoint_root/<key>`` (0: no checkpoints). See :func:`execute_cell`."""
+    under ``checkpoint_root/<key>`` (0: no checkpoints), ``native``: with the native kernels
+    (:mod:`attention_atlas.native`). See :func:`execute_cell`."""
 
     threads: int | None = 1
     compile: bool = False
     checkpoint_every: int = 0
     checkpoint_root: str | None = None
+    native: bool = False
 
     def folder(self, key: str) -> str | None:
         """The checkpoint folder of the cell ``key`` (None without checkpoints)."""
@@ -47,7 +49,7 @@ class CellRun:
 
     def args(self, key: str) -> tuple[Any, ...]:
         """:func:`execute_cell`'s arguments after ``run_cell, params, seed``."""
-        return (self.threads, self.compile, self.folder(key), self.checkpoint_every)
+        return (self.threads, self.compile, self.folder(key), self.checkpoint_every, self.native)
 
 
 def execute_cell(
@@ -58,6 +60,7 @@ def execute_cell(
     compile: bool = False,
     checkpoints: str | None = None,
     checkpoint_every: int = 0,
+    native: bool = False,
 ) -> dict[str, Any]:
     """Run one cell at ``threads`` torch threads (None: leave them) and return its metrics
     (JSON-ready), wall time and the :func:`~attention_atlas.records.environment` it ran in.
@@ -71,9 +74,12 @@ def execute_cell(
     (``resumed_from``) when any did. A resumed cell's wall time is this attempt's plus the
     training time its runs had spent before (what the checkpoints carried; an attempt's steps
     after its last checkpoint, lost, are not counted), as its runs' ``train_time_s`` is;
-    ``started`` and ``finished`` are this attempt's clock times."""
+    ``started`` and ``finished`` are this attempt's clock times. ``native``: the cell runs with
+    the native kernels switched on (:func:`attention_atlas.native.enabled`); the environment
+    then says ``native`` and whether they loaded (``native_status``)."""
     import torch
 
+    from . import native as native_kernels
     from .train.compiled import compiled_training
     from .train.resumable import resumable_training
 
@@ -86,12 +92,15 @@ def execute_cell(
         with (
             compiled_training(compile) as state,
             resumable_training(checkpoints, checkpoint_every) as resumable,
+            native_kernels.enabled(native),
         ):
             metrics = run_cell(dict(params), int(seed))
         seconds = time.perf_counter() - t0
         env = environment(used_cuda=torch.cuda.is_initialized())
         if state is not None:
             env.update(compile=True, compile_fallbacks=list(state.fallbacks))
+        if native:
+            env.update(native=True, native_status=native_kernels.status())
         if resumable is not None and resumable.resumed:
             env.update(resumed_from=list(resumable.resumed))
             seconds += resumable.carried_s

@@ -128,9 +128,9 @@ def save_checkpoint(
 
 
 #: train settings a resumed run may change: they do not change what the run computes (the
-#: device, the threads and ``compile`` change only the rounding)
+#: device, the threads, ``compile`` and ``native`` change only the rounding)
 RESUMABLE_CHANGES = (
-    "progress", "out_dir", "num_threads", "device", "checkpoint_every", "compile",
+    "progress", "out_dir", "num_threads", "device", "checkpoint_every", "compile", "native",
 )  # fmt: skip
 
 

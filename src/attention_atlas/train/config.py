@@ -79,6 +79,9 @@ class TrainConfig:
     # CPU it needs a C++ compiler); where compiling fails, a warning and eager steps. Same
     # maths, other rounding: a compiled run is not bit-identical to an eager one
     compile: bool = False
+    # the native CPU kernels of the Fiber Bundle Transformer's hot paths (attention_atlas.native;
+    # built with the system's C compiler, else the PyTorch paths run). Same maths, other rounding
+    native: bool = False
     effective_rank: bool = True  # log the effective rank of each layer's hidden states
     regularizers: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "weight", **opts}]
     diagnostics: list[dict[str, Any]] = field(default_factory=list)  # [{"name", **opts}]

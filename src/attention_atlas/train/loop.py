@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .. import native
 from ..atomic import atomic_path, atomic_write_text
 from ..attention.registry import get_regularizer
 from ..data import ArrayTask, TextCorpus, make_sampler
@@ -121,7 +122,11 @@ def train(
             if run.slot is not None:  # a resumable_training block's run, resumed
                 t = run.progress.timing  # the training time before, to the checkpoint
                 run.slot.resumed_at(run.progress.step, t["t_train"] + t["interval_elapsed"])
-        return _train(run)
+        use_native = cfg.native or native.is_enabled()
+        if use_native and native.library() is None:
+            warnings.warn(f"{native.status()}; the PyTorch paths run", RuntimeWarning, stacklevel=2)
+        with native.enabled(use_native):
+            return _train(run)
     finally:
         _set_deterministic(*det_before)
         torch.set_num_threads(threads_before)
@@ -428,7 +433,11 @@ def _finish(run: _Run, t_train: float, cpu_s: float) -> TrainResult:
     record = {
         "status": "diverged" if run.diverged else "finished",
         "model_config": run.mcfg.to_dict(),
-        "train_config": {**cfg.to_dict(), "compile": cfg.compile or compiling() is not None},
+        "train_config": {
+            **cfg.to_dict(),
+            "compile": cfg.compile or compiling() is not None,
+            "native": cfg.native or native.is_enabled(),
+        },
         "data": {
             "name": getattr(run.data, "name", type(run.data).__name__),
             "kind": "lm" if isinstance(run.data, TextCorpus) else run.data.kind,

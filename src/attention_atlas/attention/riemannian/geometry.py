@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ... import native
 from ...linalg import metric_inverse_apply
 
 __all__ = [
@@ -86,7 +87,13 @@ def metric_aware_projections(U: Tensor, gamma: Tensor | float, *xs: Tensor) -> t
             )
     scale = torch.as_tensor(gamma / math.sqrt(d), dtype=U.dtype, device=U.device)
     ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
-    ys = _MetricProjection.apply(ut, scale, *(x.reshape(-1, d) for x in xs))
+    flat = [x.reshape(-1, d) for x in xs]
+    if native.active(ut, *flat):  # the native kernel (opt-in)
+        from ...native.functions import MetricProjection
+
+        ys = MetricProjection.apply(ut.contiguous(), scale, *(x.contiguous() for x in flat))
+        return tuple(y.view(x.shape) for x, y in zip(xs, ys))
+    ys = _MetricProjection.apply(ut, scale, *flat)
     return tuple(y.view(x.shape) for x, y in zip(xs, ys))
 
 
@@ -190,7 +197,12 @@ def skew_factors_apply(wt: Tensor, x: Tensor, w: Tensor) -> Tensor:
             f"wt must be (..., 2P, r, d), x (..., d) and w (P,), got {tuple(wt.shape)}, "
             f"{tuple(x.shape)}, {tuple(w.shape)}"
         )
-    y = _SkewFactorsApply.apply(wt.reshape(-1, p2, r, d).contiguous(), x.reshape(-1, d), w)
+    flat_w, flat_x = wt.reshape(-1, p2, r, d).contiguous(), x.reshape(-1, d)
+    if native.active(flat_w, flat_x, w) and r <= native.MAX_RANK:  # the native kernel (opt-in)
+        from ...native.functions import SkewFactorsApply
+
+        return SkewFactorsApply.apply(flat_w, flat_x.contiguous(), w).view(x.shape)
+    y = _SkewFactorsApply.apply(flat_w, flat_x, w)
     return y.view(x.shape)
 
 
@@ -280,5 +292,10 @@ def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor
         return h + metric_inverse_apply(U, update)  # broadcasting: the reference path
     d, r = U.shape[-2:]
     ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
+    if native.active(ut, update) and r <= native.MAX_RANK:  # the native kernel (opt-in)
+        from ...native.functions import WoodburyApply
+
+        flat = WoodburyApply.apply(ut.contiguous(), update.reshape(-1, d).contiguous())
+        return h + flat.view(update.shape)
     flat = _WoodburyApply.apply(ut, update.reshape(-1, d))
     return h + flat.view(update.shape)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ... import native
 from .geometry import factor_t_apply
 
 __all__ = ["CAUSAL_BLOCK", "PAIRWISE_CHUNK", "pairwise_metric_terms"]
@@ -320,12 +321,22 @@ def pairwise_metric_terms(
             raise ValueError(
                 f"base must have shape {(ut.shape[0], seq, seq)}, got {tuple(acc.shape)}"
             )
+        if native.active(ut, x, acc) and r <= native.MAX_RANK:  # the native kernel (opt-in)
+            from ...native.functions import CausalPairwiseTerms
+
+            out = CausalPairwiseTerms.apply(acc, ut.contiguous(), x, float(scale), softmax)
+            return out.view(*batch, seq, seq)
         opaque = torch.compiler.is_compiling() and not _keeps_products(ut, CAUSAL_BLOCK)
         apply = causal_pairwise_op if opaque else _CausalPairwiseMetricTerms.apply
         out = apply(acc, ut, x, float(scale), CAUSAL_BLOCK, softmax)
         return out.view(*batch, seq, seq)
     if base is not None or softmax:
         raise ValueError("base and softmax are only taken with causal=True")
+    if native.active(ut, q, k) and r <= native.MAX_RANK:  # the native kernel (opt-in)
+        from ...native.functions import PairwiseTerms
+
+        x = torch.cat([q, k], -2).reshape(-1, 2 * seq, d)
+        return PairwiseTerms.apply(ut.contiguous(), x, float(scale)).view(*batch, seq, seq)
     uq, uk = factor_t_apply(U, q), factor_t_apply(U, k)  # the centres U_i^T q_i, U_j^T k_j
     x = torch.stack([k, q], -3).reshape(-1, 2, seq, d)
     c = torch.stack([uq, uk], -1).reshape(-1, seq, r, 2)

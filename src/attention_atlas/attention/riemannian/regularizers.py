@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ... import native
 from ...linalg import lowrank_gram_distance_sq, sym_pack_gram
 from .geometry import metric_strength
 
@@ -161,7 +162,12 @@ def gram_sums(U: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     terms, with :class:`_GramSums`' written-out backward."""
     *batch, seq, d, r = U.shape
     ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
-    self_sq, cross_sq, total_sq = _GramSums.apply(ut)
+    if native.active(ut) and r <= native.MAX_RANK:  # the native kernel (opt-in)
+        from ...native.functions import GramSums
+
+        self_sq, cross_sq, total_sq = GramSums.apply(ut.contiguous())
+    else:
+        self_sq, cross_sq, total_sq = _GramSums.apply(ut)
     return (self_sq.view(*batch, seq), cross_sq.view(*batch, seq - 1), total_sq.view(batch))
 
 

@@ -1,0 +1,221 @@
+"""Native CPU kernels for the Fiber Bundle Transformer's hot paths, and the switch that selects
+them.
+
+The library's own paths are PyTorch operators: many small ones per token and per pair, whose
+cost on a CPU is their number and their memory traffic, not their arithmetic (chapter 8). The
+kernels in ``kernels.c`` do the same maths in one loop each, with every intermediate in
+registers or the first-level cache. They are plain C (no Python or torch headers), built once
+per machine with the system's C compiler (``$CC``, else ``cc`` or ``gcc``; ``-O3
+-march=native``, a second or two) into a cache folder, loaded with :mod:`ctypes` and called on
+contiguous CPU tensors; float32 and float64.
+
+They are **opt-in**: ``with native.enabled(True): ...`` (or ``TrainConfig(native=True)``,
+``sweep --native``, ``train -o native=true``). Their rounding differs from the PyTorch paths',
+so a run records whether it used them, and ``results verify`` re-runs a record the way it was
+made. Where a kernel does not apply (a CUDA tensor, another dtype, a ``torch.compile`` trace) or
+no compiler is found, the PyTorch path runs; :func:`status` says which and why.
+
+Each kernel is tested against the library's reference in float64 (values and gradients, and
+``torch.autograd.gradcheck`` of the autograd functions built on them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SOURCE",
+    "active",
+    "applies",
+    "enabled",
+    "is_enabled",
+    "call",
+    "library",
+    "status",
+]
+
+#: the C source of the kernels
+SOURCE = Path(__file__).with_name("kernels.c")
+_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c99")
+
+_state = threading.local()
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+
+
+def is_enabled() -> bool:
+    """Whether the native kernels are switched on in this thread (:func:`enabled`)."""
+    return bool(getattr(_state, "on", False))
+
+
+@contextlib.contextmanager
+def enabled(on: bool = True) -> Iterator[None]:
+    """Switch the native kernels on (or off) inside the block, in this thread."""
+    before = is_enabled()
+    _state.on = bool(on)
+    try:
+        yield
+    finally:
+        _state.on = before
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ATTENTION_ATLAS_CACHE")
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return (base if root else base / "attention_atlas") / "native"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_model() -> str:
+    """The processor's model name (``-march=native`` code is built for it)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(cc: str) -> Path:
+    """Compile ``kernels.c`` into the cache (once per source, flags, compiler and machine), the
+    shared object written beside its final name and renamed over it (atomic)."""
+    text = SOURCE.read_bytes()
+    key = hashlib.sha256(
+        text + " ".join((cc, *_FLAGS, platform.machine(), _cpu_model())).encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"kernels-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        proc = subprocess.run(
+            [cc, *_FLAGS, str(SOURCE), "-o", str(tmp), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"building the native kernels with {cc} failed: {proc.stderr.strip()[-400:]}"
+            )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+#: argument types of each kernel (the suffix _f32 or _f64 picks the dtype); ``p`` a pointer,
+#: ``n`` a size, ``f`` a scalar (double), ``i`` a flag
+_SIGNATURES = {
+    "pairwise_forward": "pppnnnnfi",
+    "pairwise_backward": "pppppnnnnfi",
+    "projection_forward": "pppnnnf",
+    "projection_backward": "pppppnnnf",
+    "woodbury_forward": "pppnnn",
+    "woodbury_backward": "pppppnnn",
+    "skew_forward": "ppppnnnn",
+    "skew_backward": "pppppppnnnn",
+    "gram_forward": "pppppnnnn",
+    "gram_backward": "ppppppnnnn",
+}
+_CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
+#: the largest metric or factor rank the kernels take (RMAX in kernels.c)
+MAX_RANK = 16
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name, sig in _SIGNATURES.items():
+        for suf in ("f32", "f64"):
+            fn = getattr(lib, f"{name}_{suf}")
+            fn.argtypes = [_CTYPES[c] for c in sig]
+            fn.restype = ctypes.c_double if name == "projection_backward" else None
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels (built on first use), or None when they cannot be built here (no C
+    compiler, or it failed: :func:`status` says why)."""
+    global _lib, _error
+    if _lib is not None or _error is not None:
+        return _lib
+    with _lock:
+        if _lib is None and _error is None:
+            cc = _compiler()
+            if cc is None:
+                _error = "no C compiler found ($CC, cc or gcc)"
+                return None
+            try:
+                lib = ctypes.CDLL(str(_build(cc)))
+                _declare(lib)
+                _lib = lib
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                _error = str(exc)
+    return _lib
+
+
+def status() -> str:
+    """One line: whether the native kernels are built and loaded here, or why not."""
+    lib = library()
+    return "native kernels loaded" if lib is not None else f"native kernels unavailable: {_error}"
+
+
+def applies(*tensors: Tensor) -> bool:
+    """Whether a native kernel can take these tensors: CPU, float32 or float64 (one dtype), not
+    inside a ``torch.compile`` trace, and the kernels load."""
+    if torch.compiler.is_compiling():
+        return False
+    dtype = tensors[0].dtype
+    if dtype not in (torch.float32, torch.float64):
+        return False
+    if any(t.device.type != "cpu" or t.dtype != dtype for t in tensors):
+        return False
+    return library() is not None
+
+
+def active(*tensors: Tensor) -> bool:
+    """Switched on (:func:`enabled`) and applicable to these tensors (:func:`applies`)."""
+    return is_enabled() and applies(*tensors)
+
+
+def call(name: str, *args: Tensor | int | float) -> float | None:
+    """Run kernel ``name`` (:data:`_SIGNATURES`) on ``args``: tensors (contiguous, CPU, all of
+    the first tensor's dtype, which picks the float32 or float64 build) pass as pointers."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(status())
+    dtype = next(a for a in args if isinstance(a, Tensor)).dtype
+    suffix = "f64" if dtype == torch.float64 else "f32"
+    conv: list[int | float] = []
+    for a in args:
+        if isinstance(a, Tensor):
+            if not a.is_contiguous() or a.device.type != "cpu":
+                raise ValueError(
+                    f"kernel {name} needs contiguous CPU tensors, got {a.device} strides {a.stride()}"
+                )
+            if a.dtype != dtype and a.dtype != torch.float64:
+                raise ValueError(f"kernel {name}: tensors of {dtype}, got one of {a.dtype}")
+            conv.append(a.data_ptr())
+        else:
+            conv.append(a)
+    result: float | None = getattr(lib, f"{name}_{suffix}")(*conv)
+    return result

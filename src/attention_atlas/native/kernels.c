@@ -1,0 +1,613 @@
+/* Native CPU kernels of the Fiber Bundle Transformer's hot paths (attention_atlas.native).
+ *
+ * Plain C, no Python or torch headers: built once per machine by attention_atlas/native/build.py
+ * (gcc -O3 -march=native -fopenmp-simd), loaded with ctypes, called on contiguous CPU tensors.
+ * Each kernel is generated twice from one macro, for float (suffix _f32) and double (_f64);
+ * the float64 build is what the tests compare with the library's references and gradcheck.
+ *
+ * Layouts (all row-major, contiguous):
+ *   ut  (N, L, r, d)  U_t^T of every token t of every batch item n (the r-major storage of U)
+ *   x   (N, 2L, d)    the queries then the keys of each item: q_t = x[n, t], k_t = x[n, L + t]
+ *   out (N, L, L)     scores, accumulated into
+ *
+ * The pairwise metric terms of eq. (16) (attention_atlas.attention.riemannian.pairwise):
+ *   P_ij = scale * ( sum_r (a_ir - u_ir . k_j)^2 + sum_r (u_jr . q_i - b_jr)^2 ),
+ *   a_ir = u_ir . q_i,  b_jr = u_jr . k_j,
+ * for j <= i (causal) or every j. Vectorised over j: each item's keys, queries' transposes
+ * and factors are first copied token-innermost ((d, L), (r, d, L)) so every inner loop runs
+ * over contiguous j.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define RESTRICT __restrict__
+
+/* keys per block of the pairwise kernels: one or two vector registers of lanes */
+#define JB 16
+/* queries and keys per tile of the pairwise backward (a multiple of JB) */
+#define TB 32
+/* the largest metric rank the kernels take (ranks 1, 2, 4 and 8 have unrolled bodies) */
+#define RMAX 16
+
+#define DEFINE_KERNELS(T, SUF)                                                                 \
+                                                                                               \
+/* token-innermost copies of one item, zero-padded to Lp = L rounded up to JB: kT (d, Lp),     \
+   uT (r, d, Lp), b (r, Lp); a (L, r) */                                                       \
+static void prepare_##SUF(const T* RESTRICT ut, const T* RESTRICT q, const T* RESTRICT k,      \
+                          long L, long Lp, long r, long d, T* RESTRICT kT, T* RESTRICT uT,     \
+                          T* RESTRICT a, T* RESTRICT b) {                                      \
+    memset(kT, 0, sizeof(T) * d * Lp);                                                         \
+    memset(uT, 0, sizeof(T) * r * d * Lp);                                                     \
+    memset(b, 0, sizeof(T) * r * Lp);                                                          \
+    for (long t = 0; t < L; ++t) {                                                             \
+        const T* u = ut + t * r * d;                                                           \
+        for (long c = 0; c < d; ++c) kT[c * Lp + t] = k[t * d + c];                            \
+        for (long s = 0; s < r; ++s) {                                                         \
+            T sa = 0, sb = 0;                                                                  \
+            for (long c = 0; c < d; ++c) {                                                     \
+                T w = u[s * d + c];                                                            \
+                uT[(s * d + c) * Lp + t] = w;                                                  \
+                sa += w * q[t * d + c];                                                        \
+                sb += w * k[t * d + c];                                                        \
+            }                                                                                  \
+            a[t * r + s] = sa;                                                                 \
+            b[s * Lp + t] = sb;                                                                \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* e[s][jj] = a_is - u_is . k_j and f[s][jj] = u_js . q_i - b_js for the JB keys from j0 */   \
+static inline __attribute__((always_inline)) void block_terms_##SUF(                          \
+        const T* RESTRICT ui, const T* RESTRICT qi, const T* RESTRICT ai, const T* RESTRICT kT, \
+        const T* RESTRICT uT, const T* RESTRICT b, long Lp, long j0, long R, long d,          \
+        T e[RMAX][JB], T f[RMAX][JB]) {                                                        \
+    for (long s = 0; s < R; ++s)                                                               \
+        for (long jj = 0; jj < JB; ++jj) { e[s][jj] = ai[s]; f[s][jj] = -b[s * Lp + j0 + jj]; } \
+    for (long c = 0; c < d; ++c) {                                                             \
+        const T* kc = kT + c * Lp + j0;                                                        \
+        const T qc = qi[c];                                                                    \
+        for (long s = 0; s < R; ++s) {                                                         \
+            const T w = ui[s * d + c];                                                         \
+            const T* uc = uT + (s * d + c) * Lp + j0;                                          \
+            _Pragma("omp simd")                                                                \
+            for (long jj = 0; jj < JB; ++jj) {                                                 \
+                e[s][jj] -= w * kc[jj];                                                        \
+                f[s][jj] += qc * uc[jj];                                                       \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+static inline __attribute__((always_inline)) void forward_item_##SUF(                         \
+        const T* RESTRICT u, const T* RESTRICT q, const T* RESTRICT kT, const T* RESTRICT uT,  \
+        const T* RESTRICT a, const T* RESTRICT b, T* RESTRICT out, long L, long Lp, long R,   \
+        long d, T scale, int causal) {                                                         \
+    T e[RMAX][JB], f[RMAX][JB];                                                                \
+    for (long i = 0; i < L; ++i) {                                                             \
+        const long m = causal ? i + 1 : L;                                                     \
+        T* o = out + i * L;                                                                    \
+        for (long j0 = 0; j0 < m; j0 += JB) {                                                  \
+            block_terms_##SUF(u + i * R * d, q + i * d, a + i * R, kT, uT, b, Lp, j0, R, d,    \
+                              e, f);                                                           \
+            T row[JB];                                                                         \
+            for (long jj = 0; jj < JB; ++jj) row[jj] = 0;                                      \
+            for (long s = 0; s < R; ++s)                                                       \
+                for (long jj = 0; jj < JB; ++jj)                                               \
+                    row[jj] += e[s][jj] * e[s][jj] + f[s][jj] * f[s][jj];                      \
+            const long jn = m - j0 < JB ? m - j0 : JB;                                         \
+            for (long jj = 0; jj < jn; ++jj) o[j0 + jj] += scale * row[jj];                    \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT out,        \
+                            long N, long L, long r, long d, double scale_, int causal) {       \
+    const T scale = (T)scale_;                                                                 \
+    const long Lp = (L + JB - 1) / JB * JB;                                                    \
+    T* buf = (T*)malloc(sizeof(T) * (d * Lp + r * d * Lp + L * r + r * Lp));                   \
+    T *kT = buf, *uT = kT + d * Lp, *a = uT + r * d * Lp, *b = a + L * r;                      \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * L * r * d;                                                       \
+        const T* q = x + n * 2 * L * d;                                                        \
+        prepare_##SUF(u, q, q + L * d, L, Lp, r, d, kT, uT, a, b);                             \
+        T* o = out + n * L * L;                                                                \
+        switch (r) {                                                                           \
+            case 1: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 1, d, scale, causal); break; \
+            case 2: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 2, d, scale, causal); break; \
+            case 4: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 4, d, scale, causal); break; \
+            case 8: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 8, d, scale, causal); break; \
+            default: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, r, d, scale, causal);    \
+        }                                                                                      \
+    }                                                                                          \
+    free(buf);                                                                                 \
+}                                                                                              \
+                                                                                               \
+/* one item's backward, tile by tile (TB x TB pairs): per tile, 1. the weights               \
+   W[ii][jj][s] = g_ij e_ijs (the query's metric) and W2 = g_ij f_ijs (the key's), 0 where     \
+   j > i (causal), with the centres' sums da (L, r) and db (r, Lp); 2. per query i, sums over  \
+   the tile's keys in registers: ru_i -= sum_j W k_j, rq_i += sum_j W2 u_j; 3. per key j, sums \
+   over the tile's queries: ck_j -= sum_i W u_i, cu_j += sum_i W2 q_i. The accumulators ru, rq, \
+   ck, cu (zeroed by the caller) and the tile stay in the caches. */                           \
+static inline __attribute__((always_inline)) void backward_item_##SUF(                        \
+        const T* RESTRICT u, const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT kT,   \
+        const T* RESTRICT uT, const T* RESTRICT a, const T* RESTRICT b,                        \
+        const T* RESTRICT grad, T* RESTRICT ru, T* RESTRICT rq, T* RESTRICT ck,               \
+        T* RESTRICT cu, T* RESTRICT W, T* RESTRICT W2, T* RESTRICT da, T* RESTRICT db,       \
+        long L, long Lp, long R, long d, T two_scale, int causal) {                            \
+    T e[RMAX][JB], f[RMAX][JB];                                                                \
+    for (long i0 = 0; i0 < L; i0 += TB) {                                                      \
+        const long i1 = i0 + TB < L ? i0 + TB : L;                                             \
+        const long jend = causal ? i1 : L;                                                     \
+        for (long j0 = 0; j0 < jend; j0 += TB) {                                               \
+            const long j1 = j0 + TB < jend ? j0 + TB : jend;                                   \
+            for (long i = i0; i < i1; ++i) {                                                   \
+                const T* gi = grad + i * L;                                                    \
+                for (long jb = j0; jb < j1; jb += JB) {                                        \
+                    block_terms_##SUF(u + i * R * d, q + i * d, a + i * R, kT, uT, b, Lp, jb,  \
+                                      R, d, e, f);                                             \
+                    for (long jj = 0; jj < JB && jb + jj < j1; ++jj) {                         \
+                        const long j = jb + jj;                                                \
+                        const T g = (causal && j > i) ? 0 : two_scale * gi[j];                 \
+                        T* w = W + ((i - i0) * TB + j - j0) * R;                               \
+                        T* w2 = W2 + ((i - i0) * TB + j - j0) * R;                             \
+                        for (long s = 0; s < R; ++s) {                                         \
+                            w[s] = g * e[s][jj];                                               \
+                            w2[s] = g * f[s][jj];                                              \
+                            da[i * R + s] += w[s];                                             \
+                            db[s * Lp + j] -= w2[s];                                           \
+                        }                                                                      \
+                    }                                                                          \
+                }                                                                              \
+            }                                                                                  \
+            for (long i = i0; i < i1; ++i) {                                                   \
+                T au[RMAX][d], aq[d];                                                          \
+                for (long s = 0; s < R; ++s)                                                   \
+                    for (long c = 0; c < d; ++c) au[s][c] = ru[(i * R + s) * d + c];           \
+                for (long c = 0; c < d; ++c) aq[c] = rq[i * d + c];                            \
+                const long jm = causal && i + 1 < j1 ? i + 1 : j1;                             \
+                for (long j = j0; j < jm; ++j) {                                               \
+                    const T* kj = k + j * d;                                                   \
+                    const T* uj = u + j * R * d;                                               \
+                    const T* w = W + ((i - i0) * TB + j - j0) * R;                             \
+                    const T* w2 = W2 + ((i - i0) * TB + j - j0) * R;                           \
+                    for (long s = 0; s < R; ++s) {                                             \
+                        const T ws = w[s], w2s = w2[s];                                        \
+                        _Pragma("omp simd")                                                    \
+                        for (long c = 0; c < d; ++c) {                                         \
+                            au[s][c] -= ws * kj[c];                                            \
+                            aq[c] += w2s * uj[s * d + c];                                      \
+                        }                                                                      \
+                    }                                                                          \
+                }                                                                              \
+                for (long s = 0; s < R; ++s)                                                   \
+                    for (long c = 0; c < d; ++c) ru[(i * R + s) * d + c] = au[s][c];           \
+                for (long c = 0; c < d; ++c) rq[i * d + c] = aq[c];                            \
+            }                                                                                  \
+            for (long j = j0; j < j1; ++j) {                                                   \
+                T au[RMAX][d], ak[d];                                                          \
+                for (long s = 0; s < R; ++s)                                                   \
+                    for (long c = 0; c < d; ++c) au[s][c] = cu[(j * R + s) * d + c];           \
+                for (long c = 0; c < d; ++c) ak[c] = ck[j * d + c];                            \
+                for (long i = causal && j > i0 ? j : i0; i < i1; ++i) {                        \
+                    const T* qi = q + i * d;                                                   \
+                    const T* ui = u + i * R * d;                                               \
+                    const T* w = W + ((i - i0) * TB + j - j0) * R;                             \
+                    const T* w2 = W2 + ((i - i0) * TB + j - j0) * R;                           \
+                    for (long s = 0; s < R; ++s) {                                             \
+                        const T ws = w[s], w2s = w2[s];                                        \
+                        _Pragma("omp simd")                                                    \
+                        for (long c = 0; c < d; ++c) {                                         \
+                            ak[c] -= ws * ui[s * d + c];                                       \
+                            au[s][c] += w2s * qi[c];                                           \
+                        }                                                                      \
+                    }                                                                          \
+                }                                                                              \
+                for (long s = 0; s < R; ++s)                                                   \
+                    for (long c = 0; c < d; ++c) cu[(j * R + s) * d + c] = au[s][c];           \
+                for (long c = 0; c < d; ++c) ck[j * d + c] = ak[c];                            \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,                        \
+                             const T* RESTRICT grad, T* RESTRICT d_ut, T* RESTRICT d_x,        \
+                             long N, long L, long r, long d, double scale_, int causal) {      \
+    const T two_scale = (T)(2.0 * scale_);                                                     \
+    const long Lp = (L + JB - 1) / JB * JB;                                                    \
+    const long nacc = L * r * d + L * d;  /* ru and rq; then ck and cu */                      \
+    T* buf = (T*)malloc(sizeof(T) * (d * Lp + r * d * Lp + r * Lp + L * r                     \
+                                     + 2 * TB * TB * r + L * r + 2 * nacc));                   \
+    T *kT = buf, *uT = kT + d * Lp, *db = uT + r * d * Lp, *a = db + r * Lp;                   \
+    T *W = a + L * r, *W2 = W + TB * TB * r, *da = W2 + TB * TB * r;                           \
+    T *ru = da + L * r, *rq = ru + L * r * d, *ck = rq + L * d, *cu = ck + L * d;              \
+    T* b = (T*)malloc(sizeof(T) * r * Lp);                                                     \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * L * r * d;                                                       \
+        const T* q = x + n * 2 * L * d;                                                        \
+        const T* k = q + L * d;                                                                \
+        T* du = d_ut + n * L * r * d;                                                          \
+        T* dq = d_x + n * 2 * L * d;                                                           \
+        T* dk = dq + L * d;                                                                    \
+        prepare_##SUF(u, q, k, L, Lp, r, d, kT, uT, a, b);                                     \
+        memset(db, 0, sizeof(T) * r * Lp);                                                     \
+        memset(da, 0, sizeof(T) * (L * r + 2 * nacc));                                         \
+        const T* gr = grad + n * L * L;                                                        \
+        switch (r * 1000 + d) {                                                                \
+            case 2016: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,  \
+                                           da, db, L, Lp, 2, 16, two_scale, causal); break;    \
+            case 4016: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,  \
+                                           da, db, L, Lp, 4, 16, two_scale, causal); break;    \
+            case 8016: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,  \
+                                           da, db, L, Lp, 8, 16, two_scale, causal); break;    \
+            default: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,    \
+                                         da, db, L, Lp, r, d, two_scale, causal);              \
+        }                                                                                      \
+        /* the centres: a_is = u_is . q_i and b_js = u_js . k_j */                             \
+        for (long t = 0; t < L; ++t)                                                           \
+            for (long c = 0; c < d; ++c) {                                                     \
+                T sq = rq[t * d + c], sk = ck[t * d + c];                                      \
+                for (long s = 0; s < r; ++s) {                                                 \
+                    const T das = da[t * r + s], dbs = db[s * Lp + t];                         \
+                    const T w = u[(t * r + s) * d + c];                                        \
+                    du[(t * r + s) * d + c] = ru[(t * r + s) * d + c] + cu[(t * r + s) * d + c] \
+                                              + das * q[t * d + c] + dbs * k[t * d + c];       \
+                    sq += das * w;                                                             \
+                    sk += dbs * w;                                                             \
+                }                                                                              \
+                dq[t * d + c] = sq;                                                            \
+                dk[t * d + c] = sk;                                                            \
+            }                                                                                  \
+    }                                                                                          \
+    free(b);                                                                                   \
+    free(buf);                                                                                 \
+}
+
+DEFINE_KERNELS(float, f32)
+DEFINE_KERNELS(double, f64)
+
+/* ---- per-token kernels: every token's U^T (r, d) is a contiguous block of ut (N, r, d) ---- */
+
+#define DEFINE_TOKEN_KERNELS(T, SUF)                                                           \
+                                                                                               \
+/* y = x + s U (U^T x) per token (Phase A++, eq. (20)): ut (N, r, d), x, y (N, d) */           \
+static inline __attribute__((always_inline)) void projection_forward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y,        \
+                              long N, long r, long d, double s_) {                             \
+    const T s = (T)s_;                                                                         \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * r * d;                                                           \
+        const T* xn = x + n * d;                                                               \
+        T* yn = y + n * d;                                                                     \
+        for (long c = 0; c < d; ++c) yn[c] = xn[c];                                            \
+        for (long t = 0; t < r; ++t) {                                                         \
+            T acc = 0;                                                                         \
+            _Pragma("omp simd reduction(+:acc)")                                               \
+            for (long c = 0; c < d; ++c) acc += u[t * d + c] * xn[c];                          \
+            acc *= s;                                                                          \
+            for (long c = 0; c < d; ++c) yn[c] += acc * u[t * d + c];                          \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* its backward for the gradient g (N, d) of y: dx = g + s U U^T g (written), dut += s (c g^T \
+   + e x^T) with c = U^T x, e = U^T g (accumulated); returns sum e . c (the gradient of s) */   \
+static inline __attribute__((always_inline)) double projection_backward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT x,                    \
+                                 const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut,         \
+                                 long N, long r, long d, double s_) {                          \
+    const T s = (T)s_;                                                                         \
+    double ds = 0;                                                                             \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * r * d;                                                           \
+        const T* xn = x + n * d;                                                               \
+        const T* gn = g + n * d;                                                               \
+        T* dxn = dx + n * d;                                                                   \
+        T* dun = dut + n * r * d;                                                              \
+        for (long c = 0; c < d; ++c) dxn[c] = gn[c];                                           \
+        T dsn = 0;                                                                             \
+        for (long t = 0; t < r; ++t) {                                                         \
+            T ct = 0, et = 0;                                                                  \
+            _Pragma("omp simd reduction(+:ct,et)")                                             \
+            for (long c = 0; c < d; ++c) { ct += u[t * d + c] * xn[c]; et += u[t * d + c] * gn[c]; } \
+            dsn += et * ct;                                                                    \
+            const T sc = s * ct, se = s * et;                                                  \
+            for (long c = 0; c < d; ++c) {                                                     \
+                dxn[c] += se * u[t * d + c];                                                   \
+                dun[t * d + c] += sc * gn[c] + se * xn[c];                                     \
+            }                                                                                  \
+        }                                                                                      \
+        ds += dsn;                                                                             \
+    }                                                                                          \
+    return ds;                                                                                 \
+}                                                                                              \
+                                                                                               \
+/* Cholesky factor (lower, row-major r x r) of cap = I + U^T U of one token; U^T is u (r, d) */ \
+static inline void capacitance_##SUF(const T* RESTRICT u, long r, long d, T* RESTRICT Lc) {   \
+    for (long a = 0; a < r; ++a) {                                                             \
+        for (long b = 0; b <= a; ++b) {                                                        \
+            T acc = a == b ? 1 : 0;                                                            \
+            _Pragma("omp simd reduction(+:acc)")                                               \
+            for (long c = 0; c < d; ++c) acc += u[a * d + c] * u[b * d + c];                   \
+            for (long k = 0; k < b; ++k) acc -= Lc[a * r + k] * Lc[b * r + k];                 \
+            Lc[a * r + b] = a == b ? sqrt(acc) : acc / Lc[b * r + b];                          \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* z = cap^{-1} z in place from its Cholesky factor */                                         \
+static inline void cholesky_solve_##SUF(const T* RESTRICT Lc, long r, T* RESTRICT z) {         \
+    for (long a = 0; a < r; ++a) {                                                             \
+        T acc = z[a];                                                                          \
+        for (long k = 0; k < a; ++k) acc -= Lc[a * r + k] * z[k];                              \
+        z[a] = acc / Lc[a * r + a];                                                            \
+    }                                                                                          \
+    for (long a = r - 1; a >= 0; --a) {                                                        \
+        T acc = z[a];                                                                          \
+        for (long k = a + 1; k < r; ++k) acc -= Lc[k * r + a] * z[k];                          \
+        z[a] = acc / Lc[a * r + a];                                                            \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* y = x - U (I + U^T U)^{-1} U^T x = (I + U U^T)^{-1} x per token (Woodbury, eq. (26)) */     \
+static inline void woodbury_token_##SUF(const T* RESTRICT u, const T* RESTRICT Lc,             \
+                                        const T* RESTRICT x, T* RESTRICT y, long r, long d) {  \
+    T z[RMAX];                                                                                 \
+    for (long t = 0; t < r; ++t) {                                                             \
+        T acc = 0;                                                                             \
+        _Pragma("omp simd reduction(+:acc)")                                                   \
+        for (long c = 0; c < d; ++c) acc += u[t * d + c] * x[c];                               \
+        z[t] = acc;                                                                            \
+    }                                                                                          \
+    cholesky_solve_##SUF(Lc, r, z);                                                            \
+    for (long c = 0; c < d; ++c) y[c] = x[c];                                                  \
+    for (long t = 0; t < r; ++t)                                                               \
+        for (long c = 0; c < d; ++c) y[c] -= z[t] * u[t * d + c];                              \
+}                                                                                              \
+                                                                                               \
+static inline __attribute__((always_inline)) void woodbury_forward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y,          \
+                            long N, long r, long d) {                                          \
+    T Lc[RMAX * RMAX];                                                                         \
+    for (long n = 0; n < N; ++n) {                                                             \
+        capacitance_##SUF(ut + n * r * d, r, d, Lc);                                           \
+        woodbury_token_##SUF(ut + n * r * d, Lc, x + n * d, y + n * d, r, d);                  \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* backward of y = g^{-1} x for dy: dx = w = g^{-1} dy, dU^T = -((U^T y) w^T + (U^T w) y^T) */ \
+static inline __attribute__((always_inline)) void woodbury_backward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T* RESTRICT dy,  \
+                             T* RESTRICT dx, T* RESTRICT dut, long N, long r, long d) {        \
+    T Lc[RMAX * RMAX];                                                                         \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * r * d;                                                           \
+        const T* yn = y + n * d;                                                               \
+        T* w = dx + n * d;                                                                     \
+        capacitance_##SUF(u, r, d, Lc);                                                        \
+        woodbury_token_##SUF(u, Lc, dy + n * d, w, r, d);                                      \
+        for (long t = 0; t < r; ++t) {                                                         \
+            T uy = 0, uw = 0;                                                                  \
+            _Pragma("omp simd reduction(+:uy,uw)")                                             \
+            for (long c = 0; c < d; ++c) { uy += u[t * d + c] * yn[c]; uw += u[t * d + c] * w[c]; } \
+            T* du = dut + (n * r + t) * d;                                                     \
+            for (long c = 0; c < d; ++c) du[c] = -(uy * w[c] + uw * yn[c]);                    \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* y = x + sum_p w_p (L_p R_p^T - R_p L_p^T) x per token (transport eq. (24) and torsion      \
+   eq. (22)): wt (N, 2P, r, d) holds L_1^T, R_1^T, L_2^T, ...; x, y (N, d); w (P) */           \
+static inline __attribute__((always_inline)) void skew_forward_body_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT w,        \
+                        T* RESTRICT y, long N, long P, long r, long d) {                       \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* f = wt + n * 2 * P * r * d;                                                   \
+        const T* xn = x + n * d;                                                               \
+        T* yn = y + n * d;                                                                     \
+        for (long c = 0; c < d; ++c) yn[c] = xn[c];                                            \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T* lt = f + 2 * p * r * d;                                                   \
+            const T* rt = lt + r * d;                                                          \
+            for (long t = 0; t < r; ++t) {                                                     \
+                T cl = 0, cr = 0;                                                              \
+                _Pragma("omp simd reduction(+:cl,cr)")                                         \
+                for (long c = 0; c < d; ++c) { cl += lt[t * d + c] * xn[c]; cr += rt[t * d + c] * xn[c]; } \
+                cl *= w[p]; cr *= w[p];                                                        \
+                for (long c = 0; c < d; ++c) yn[c] += cr * lt[t * d + c] - cl * rt[t * d + c]; \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* its backward for g: dx = g - sum_p w_p T_p g, dL^T = w (c_R g^T - e_R x^T),                 \
+   dR^T = w (e_L x^T - c_L g^T) (written), dw_p += sum e_L . c_R - e_R . c_L (accumulated) */  \
+static inline __attribute__((always_inline)) void skew_backward_body_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT g,       \
+                         const T* RESTRICT w, T* RESTRICT dwt, T* RESTRICT dx, double* dw,     \
+                         long N, long P, long r, long d) {                                     \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* f = wt + n * 2 * P * r * d;                                                   \
+        T* df = dwt + n * 2 * P * r * d;                                                       \
+        const T* xn = x + n * d;                                                               \
+        const T* gn = g + n * d;                                                               \
+        T* dxn = dx + n * d;                                                                   \
+        for (long c = 0; c < d; ++c) dxn[c] = gn[c];                                           \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T* lt = f + 2 * p * r * d;                                                   \
+            const T* rt = lt + r * d;                                                          \
+            T* dl = df + 2 * p * r * d;                                                        \
+            T* dr = dl + r * d;                                                                \
+            T dwp = 0;                                                                         \
+            for (long t = 0; t < r; ++t) {                                                     \
+                T cl = 0, cr = 0, el = 0, er = 0;                                              \
+                _Pragma("omp simd reduction(+:cl,cr,el,er)")                                   \
+                for (long c = 0; c < d; ++c) {                                                 \
+                    cl += lt[t * d + c] * xn[c]; cr += rt[t * d + c] * xn[c];                  \
+                    el += lt[t * d + c] * gn[c]; er += rt[t * d + c] * gn[c];                  \
+                }                                                                              \
+                dwp += el * cr - er * cl;                                                      \
+                const T wp = w[p];                                                             \
+                for (long c = 0; c < d; ++c) {                                                 \
+                    dxn[c] -= wp * (er * lt[t * d + c] - el * rt[t * d + c]);                  \
+                    dl[t * d + c] = wp * (cr * gn[c] - er * xn[c]);                            \
+                    dr[t * d + c] = wp * (el * xn[c] - cl * gn[c]);                            \
+                }                                                                              \
+            }                                                                                  \
+            dw[p] += dwp;                                                                      \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* Gram sums of the regularisers (eqs. (32), (33)) per item of ut (N, L, r, d):                \
+   self_sq (N, L) = |U_t^T U_t|_F^2, cross (N, L-1) = |U_t^T U_{t+1}|_F^2,                     \
+   total (N) = |sum_t U_t U_t^T|_F^2; M (N, d, d) = sum_t U_t U_t^T kept for the backward */   \
+static inline __attribute__((always_inline)) void gram_forward_body_##SUF(const T* RESTRICT ut, T* RESTRICT self_sq, T* RESTRICT cross,          \
+                        T* RESTRICT total, T* RESTRICT M, long N, long L, long r, long d) {    \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * L * r * d;                                                       \
+        T* m = M + n * d * d;                                                                  \
+        memset(m, 0, sizeof(T) * d * d);                                                       \
+        for (long t = 0; t < L; ++t) {                                                         \
+            const T* a = u + t * r * d;                                                        \
+            T ss = 0, cs = 0;                                                                  \
+            for (long i = 0; i < r; ++i)                                                       \
+                for (long j = 0; j < r; ++j) {                                                 \
+                    T gij = 0, cij = 0;                                                        \
+                    _Pragma("omp simd reduction(+:gij)")                                       \
+                    for (long c = 0; c < d; ++c) gij += a[i * d + c] * a[j * d + c];           \
+                    ss += gij * gij;                                                           \
+                    if (t + 1 < L) {                                                           \
+                        _Pragma("omp simd reduction(+:cij)")                                   \
+                        for (long c = 0; c < d; ++c) cij += a[i * d + c] * a[r * d + j * d + c]; \
+                        cs += cij * cij;                                                       \
+                    }                                                                          \
+                }                                                                              \
+            self_sq[n * L + t] = ss;                                                           \
+            if (t + 1 < L) cross[n * (L - 1) + t] = cs;                                        \
+            for (long i = 0; i < r; ++i)                                                       \
+                for (long b = 0; b < d; ++b) {                                                 \
+                    const T ab = a[i * d + b];                                                 \
+                    for (long c = 0; c < d; ++c) m[b * d + c] += ab * a[i * d + c];            \
+                }                                                                              \
+        }                                                                                      \
+        T tot = 0;                                                                             \
+        for (long b = 0; b < d * d; ++b) tot += m[b] * m[b];                                   \
+        total[n] = tot;                                                                        \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* their backward with respect to U_t^T: 4 ds_t G_t U_t^T + 2 dc_t C_t U_{t+1}^T               \
+   + 2 dc_{t-1} C_{t-1}^T U_{t-1}^T + 4 dm U_t^T M (written into dut) */                      \
+static inline __attribute__((always_inline)) void gram_backward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT M, const T* RESTRICT ds,      \
+                         const T* RESTRICT dc, const T* RESTRICT dm, T* RESTRICT dut,          \
+                         long N, long L, long r, long d) {                                     \
+    T G[RMAX * RMAX], C[RMAX * RMAX];                                                          \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * L * r * d;                                                       \
+        const T* m = M + n * d * d;                                                            \
+        T* du = dut + n * L * r * d;                                                           \
+        const T fm = 4 * dm[n];                                                                \
+        for (long t = 0; t < L; ++t) {                                                         \
+            const T* a = u + t * r * d;                                                        \
+            T* g = du + t * r * d;                                                             \
+            for (long i = 0; i < r; ++i) {                                                     \
+                T* gi = g + i * d;                                                             \
+                for (long c = 0; c < d; ++c) gi[c] = 0;                                        \
+                for (long b = 0; b < d; ++b) {                                                 \
+                    const T ab = fm * a[i * d + b];                                            \
+                    _Pragma("omp simd")                                                        \
+                    for (long c = 0; c < d; ++c) gi[c] += ab * m[b * d + c];                   \
+                }                                                                              \
+            }                                                                                  \
+            const T fs = 4 * ds[n * L + t];                                                    \
+            for (long i = 0; i < r; ++i)                                                       \
+                for (long j = 0; j < r; ++j) {                                                 \
+                    T gij = 0;                                                                 \
+                    _Pragma("omp simd reduction(+:gij)")                                       \
+                    for (long c = 0; c < d; ++c) gij += a[i * d + c] * a[j * d + c];           \
+                    G[i * r + j] = fs * gij;                                                   \
+                }                                                                              \
+            for (long i = 0; i < r; ++i)                                                       \
+                for (long j = 0; j < r; ++j)                                                   \
+                    for (long c = 0; c < d; ++c) g[i * d + c] += G[i * r + j] * a[j * d + c];  \
+            if (t + 1 < L) { /* C_t = U_t^T U_{t+1}: to U_t^T through U_{t+1}^T, and back */  \
+                const T* b = a + r * d;                                                        \
+                T* gb = g + r * d;                                                             \
+                const T fc = 2 * dc[n * (L - 1) + t];                                          \
+                for (long i = 0; i < r; ++i)                                                   \
+                    for (long j = 0; j < r; ++j) {                                             \
+                        T cij = 0;                                                             \
+                        _Pragma("omp simd reduction(+:cij)")                                   \
+                        for (long c = 0; c < d; ++c) cij += a[i * d + c] * b[j * d + c];       \
+                        C[i * r + j] = fc * cij;                                               \
+                    }                                                                          \
+                for (long i = 0; i < r; ++i)                                                   \
+                    for (long j = 0; j < r; ++j)                                               \
+                        for (long c = 0; c < d; ++c) g[i * d + c] += C[i * r + j] * b[j * d + c]; \
+                (void)gb;                                                                      \
+            }                                                                                  \
+            if (t > 0) {                                                                       \
+                const T* p = a - r * d;                                                        \
+                const T fc = 2 * dc[n * (L - 1) + t - 1];                                      \
+                for (long i = 0; i < r; ++i)                                                   \
+                    for (long j = 0; j < r; ++j) {                                             \
+                        T cji = 0; /* (C_{t-1})_{ji} = u_{t-1,j} . u_{t,i} */                   \
+                        _Pragma("omp simd reduction(+:cji)")                                   \
+                        for (long c = 0; c < d; ++c) cji += p[j * d + c] * a[i * d + c];       \
+                        C[i * r + j] = fc * cji;                                               \
+                    }                                                                          \
+                for (long i = 0; i < r; ++i)                                                   \
+                    for (long j = 0; j < r; ++j)                                               \
+                        for (long c = 0; c < d; ++c) g[i * d + c] += C[i * r + j] * p[j * d + c]; \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                              \
+void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long N, long r, long d, double s_) {\
+    if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 2, 16, s_); return; }  \
+    if (r == 4 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 4, 16, s_); return; }  \
+    if (r == 8 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 8, 16, s_); return; }  \
+    projection_forward_body_##SUF(ut, x, y, N, r, d, s_);                                      \
+}                                                                                              \
+double projection_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut, long N, long r, long d, double s_) {\
+    if (r == 2 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, N, 2, 16, s_); }\
+    if (r == 4 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, N, 4, 16, s_); }\
+    if (r == 8 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, N, 8, 16, s_); }\
+    return projection_backward_body_##SUF(ut, x, g, dx, dut, N, r, d, s_);                     \
+}                                                                                              \
+void woodbury_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long N, long r, long d) {\
+    if (r == 2 && d == 16) { woodbury_forward_body_##SUF(ut, x, y, N, 2, 16); return; }        \
+    if (r == 4 && d == 16) { woodbury_forward_body_##SUF(ut, x, y, N, 4, 16); return; }        \
+    if (r == 8 && d == 16) { woodbury_forward_body_##SUF(ut, x, y, N, 8, 16); return; }        \
+    woodbury_forward_body_##SUF(ut, x, y, N, r, d);                                            \
+}                                                                                              \
+void woodbury_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T* RESTRICT dy, T* RESTRICT dx, T* RESTRICT dut, long N, long r, long d) {\
+    if (r == 2 && d == 16) { woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, 2, 16); return; }\
+    if (r == 4 && d == 16) { woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, 4, 16); return; }\
+    if (r == 8 && d == 16) { woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, 8, 16); return; }\
+    woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, r, d);                                 \
+}                                                                                              \
+void skew_forward_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long N, long P, long r, long d) {\
+    if (r == 2 && d == 16) { skew_forward_body_##SUF(wt, x, w, y, N, P, 2, 16); return; }      \
+    if (r == 4 && d == 16) { skew_forward_body_##SUF(wt, x, w, y, N, P, 4, 16); return; }      \
+    if (r == 8 && d == 16) { skew_forward_body_##SUF(wt, x, w, y, N, P, 8, 16); return; }      \
+    skew_forward_body_##SUF(wt, x, w, y, N, P, r, d);                                          \
+}                                                                                              \
+void skew_backward_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* RESTRICT dwt, T* RESTRICT dx, double* dw, long N, long P, long r, long d) {\
+    if (r == 2 && d == 16) { skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, 2, 16); return; }\
+    if (r == 4 && d == 16) { skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, 4, 16); return; }\
+    if (r == 8 && d == 16) { skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, 8, 16); return; }\
+    skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, r, d);                            \
+}                                                                                              \
+void gram_forward_##SUF(const T* RESTRICT ut, T* RESTRICT self_sq, T* RESTRICT cross, T* RESTRICT total, T* RESTRICT M, long N, long L, long r, long d) {\
+    if (r == 2 && d == 16) { gram_forward_body_##SUF(ut, self_sq, cross, total, M, N, L, 2, 16); return; }\
+    if (r == 4 && d == 16) { gram_forward_body_##SUF(ut, self_sq, cross, total, M, N, L, 4, 16); return; }\
+    if (r == 8 && d == 16) { gram_forward_body_##SUF(ut, self_sq, cross, total, M, N, L, 8, 16); return; }\
+    gram_forward_body_##SUF(ut, self_sq, cross, total, M, N, L, r, d);                         \
+}                                                                                              \
+void gram_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT M, const T* RESTRICT ds, const T* RESTRICT dc, const T* RESTRICT dm, T* RESTRICT dut, long N, long L, long r, long d) {\
+    if (r == 2 && d == 16) { gram_backward_body_##SUF(ut, M, ds, dc, dm, dut, N, L, 2, 16); return; }\
+    if (r == 4 && d == 16) { gram_backward_body_##SUF(ut, M, ds, dc, dm, dut, N, L, 4, 16); return; }\
+    if (r == 8 && d == 16) { gram_backward_body_##SUF(ut, M, ds, dc, dm, dut, N, L, 8, 16); return; }\
+    gram_backward_body_##SUF(ut, M, ds, dc, dm, dut, N, L, r, d);                              \
+}
+
+DEFINE_TOKEN_KERNELS(float, f32)
+DEFINE_TOKEN_KERNELS(double, f64)

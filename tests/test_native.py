@@ -1,0 +1,276 @@
+"""The native CPU kernels (attention_atlas.native): each equals the library's PyTorch path, and
+so its reference, in float64 (values and gradients), passes gradcheck, and takes the place of
+that path only where switched on; a run records that it used them; without a compiler the
+PyTorch paths run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention_atlas import native
+from attention_atlas.attention.riemannian import geometry as G
+from attention_atlas.attention.riemannian import pairwise as P
+from attention_atlas.attention.riemannian import regularizers as R
+from attention_atlas.native import functions as NF
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _factor(b: int, h: int, seq: int, d: int, r: int, g: torch.Generator) -> torch.Tensor:
+    """``U (B, H, L, d, r)`` stored r-major, as MetricNet stores it."""
+    return torch.randn(b, h, seq, r, d, dtype=DT, generator=g).transpose(-1, -2)
+
+
+def _both_paths(fn, inputs):  # type: ignore[no-untyped-def]
+    """``fn(*inputs)`` and the gradients of a fixed random projection of its outputs, with the
+    native kernels off and on."""
+    out = []
+    for on in (False, True):
+        xs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        with native.enabled(on):
+            y = fn(*xs)
+        ys = y if isinstance(y, tuple) else (y,)
+        g = torch.Generator().manual_seed(7)
+        loss = sum((t * torch.randn(t.shape, dtype=t.dtype, generator=g)).sum() for t in ys)
+        out.append((ys, torch.autograd.grad(loss, xs)))
+    return out
+
+
+def _assert_same(out, rtol: float = 1e-11) -> None:  # type: ignore[no-untyped-def]
+    (y0, g0), (y1, g1) = out
+    for a, b in zip((*y0, *g0), (*y1, *g1)):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=rtol * (1 + float(a.detach().abs().max())))
+
+
+SHAPES = [(2, 3, 9, 5, 3), (1, 2, 40, 16, 4), (1, 1, 17, 16, 2), (2, 1, 33, 16, 8)]
+
+
+def test_kernels_build_here() -> None:
+    assert native.library() is not None, native.status()
+    assert native.status() == "native kernels loaded"
+
+
+@pytest.mark.parametrize(("shape", "causal"), list(itertools.product(SHAPES, [True, False])))
+def test_pairwise_terms_equal_eq16_torch_path(shape: tuple[int, ...], causal: bool) -> None:
+    b, h, seq, d, r = shape
+    g = torch.Generator().manual_seed(0)
+    U, q, k = _factor(*shape, g), torch.randn(b, h, seq, d, dtype=DT, generator=g), None
+    k = torch.randn(b, h, seq, d, dtype=DT, generator=g)
+    base = torch.randn(b * h, seq, seq, dtype=DT, generator=g)
+
+    def terms(U, q, k):  # type: ignore[no-untyped-def]
+        if causal:
+            return P.pairwise_metric_terms(
+                U, q, k, scale=-0.3, causal=True, base=base.clone(), softmax=True
+            )
+        return P.pairwise_metric_terms(U, q, k, scale=-0.3)
+
+    _assert_same(_both_paths(terms, [U, q, k]))
+
+
+def test_pairwise_terms_equal_the_materialised_definition() -> None:
+    """Independent of the PyTorch path: every ``U_i^T (q_i - k_j)`` formed."""
+    g = torch.Generator().manual_seed(1)
+    n, seq, r, d = 3, 21, 4, 16
+    ut = torch.randn(n, seq, r, d, dtype=DT, generator=g)
+    x = torch.randn(n, 2 * seq, d, dtype=DT, generator=g)
+    q, k = x[:, :seq], x[:, seq:]
+    diff = q.unsqueeze(2) - k.unsqueeze(1)  # (n, i, j, d)
+    pi = torch.einsum("nird,nijd->nijr", ut, diff)
+    pj = torch.einsum("njrd,nijd->nijr", ut, diff)
+    want = 0.7 * ((pi * pi).sum(-1) + (pj * pj).sum(-1))
+    got = NF.PairwiseTerms.apply(ut, x, 0.7)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_metric_projection_equals_torch_path(shape: tuple[int, ...]) -> None:
+    b, h, seq, d, r = shape
+    g = torch.Generator().manual_seed(2)
+    U = _factor(*shape, g)
+    q, k = (torch.randn(b, h, seq, d, dtype=DT, generator=g) for _ in range(2))
+    gamma = torch.tensor(0.4, dtype=DT)
+    _assert_same(_both_paths(lambda U, q, k, s: G.metric_aware_projections(U, s, q, k),
+                             [U, q, k, gamma]))  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_woodbury_update_equals_torch_path(shape: tuple[int, ...]) -> None:
+    b, h, seq, d, r = shape
+    g = torch.Generator().manual_seed(3)
+    U = _factor(*shape, g)
+    x, m = (torch.randn(b, h, seq, d, dtype=DT, generator=g) for _ in range(2))
+    _assert_same(_both_paths(G.metric_preconditioned_update, [x, U, m]))
+
+
+@pytest.mark.parametrize(("shape", "pairs"), list(itertools.product(SHAPES, [1, 2])))
+def test_skew_factors_apply_equals_torch_path(shape: tuple[int, ...], pairs: int) -> None:
+    b, h, seq, d, r = shape
+    g = torch.Generator().manual_seed(4)
+    wt = torch.randn(b, seq, h, 2 * pairs, r, d, dtype=DT, generator=g)
+    x = torch.randn(b, seq, h, d, dtype=DT, generator=g)
+    w = torch.rand(pairs, dtype=DT, generator=g)
+    _assert_same(_both_paths(G.skew_factors_apply, [wt, x, w]))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gram_sums_equal_torch_path(shape: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(5)
+    _assert_same(_both_paths(R.gram_sums, [_factor(*shape, g)]))
+
+
+GRADCHECKS = {
+    "pairwise": (lambda ut, x: NF.PairwiseTerms.apply(ut, x, 0.3), [(3, 6, 2, 5), (3, 12, 5)]),
+    "causal_pairwise": (
+        lambda base, ut, x: NF.CausalPairwiseTerms.apply(base.clone(), ut, x, 0.3, True),
+        [(3, 6, 6), (3, 6, 2, 5), (3, 12, 5)],
+    ),
+    "projection": (lambda ut, s, a, b: NF.MetricProjection.apply(ut, s, a, b),
+                   [(7, 3, 5), (), (7, 5), (7, 5)]),  # fmt: skip
+    "woodbury": (NF.WoodburyApply.apply, [(7, 3, 5), (7, 5)]),
+    "skew": (NF.SkewFactorsApply.apply, [(7, 4, 2, 5), (7, 5), (2,)]),
+    "gram": (NF.GramSums.apply, [(3, 6, 2, 5)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRADCHECKS))
+def test_native_functions_pass_gradcheck(name: str) -> None:
+    fn, shapes = GRADCHECKS[name]
+    g = torch.Generator().manual_seed(6)
+    args = [torch.randn(s, dtype=DT, generator=g).requires_grad_() for s in shapes]
+    assert torch.autograd.gradcheck(fn, args)
+
+
+def _fbt(seed: int = 0) -> torch.nn.Module:
+    from attention_atlas.models import FiberBundleConfig, fbt_attentions
+
+    torch.manual_seed(seed)
+    cfg = FiberBundleConfig(vocab_size=11, dim=32, n_layers=2, n_heads=2, max_len=20)
+    model = cfg.build().to(DT)
+    gen = torch.Generator().manual_seed(1)
+    for m in fbt_attentions(model):  # factors clearly non-zero (init makes them ~0)
+        for net in (m.metric_net, m.transport, m.torsion):
+            with torch.no_grad():
+                net.fc2.weight.copy_(0.3 * torch.randn(net.fc2.weight.shape, generator=gen))
+    return model
+
+
+def test_fiber_bundle_step_is_the_same_with_native_kernels() -> None:
+    """A whole Fiber Bundle Transformer forward, its three regularisers and backward, float64:
+    loss and every parameter's gradient agree with and without the native kernels."""
+    from attention_atlas.attention.riemannian.regularizers import fiber_bundle_regularizer
+
+    x = torch.randint(0, 11, (3, 20), generator=torch.Generator().manual_seed(2))
+    results = []
+    for on in (False, True):
+        model = _fbt()
+        with native.enabled(on):
+            out = model(x)
+            reg = fiber_bundle_regularizer(model, out, None, anti=1.0, div=2.0, smooth=0.5,
+                                           cap=3.0, kappa_min=0.5, kappa_max=2.0)  # fmt: skip
+            loss = out.logits.square().mean() + reg
+            loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (l0, g0), (l1, g1) = results
+    torch.testing.assert_close(l1, l0, rtol=1e-12, atol=0)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        if g0[name] is None:
+            assert g1[name] is None, name
+            continue
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_kernels_run_only_where_switched_on_and_applicable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    calls: list[str] = []
+    real = native.call
+    monkeypatch.setattr(native, "call", lambda name, *a: calls.append(name) or real(name, *a))
+    monkeypatch.setattr(NF, "call", native.call)
+    g = torch.Generator().manual_seed(0)
+    U, x = _factor(1, 2, 5, 4, 2, g), torch.randn(1, 2, 5, 4, dtype=DT, generator=g)
+    G.metric_preconditioned_update(x, U, x)
+    assert calls == []  # off by default
+    with native.enabled():
+        G.metric_preconditioned_update(x, U, x)
+        assert calls == ["woodbury_forward"]
+        assert not native.applies(x.half(), U.half())  # float16: the PyTorch path
+        assert not native.applies(x, U.float())  # mixed dtypes
+        assert native.active(x, U)
+    assert not native.is_enabled()
+
+
+def test_without_a_compiler_the_pytorch_paths_run(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_error", None)
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    assert native.library() is None
+    assert native.status() == "native kernels unavailable: no C compiler found ($CC, cc or gcc)"
+    g = torch.Generator().manual_seed(0)
+    U, x = _factor(1, 2, 5, 4, 2, g), torch.randn(1, 2, 5, 4, dtype=DT, generator=g)
+    with native.enabled():
+        assert not native.active(x)
+        got = G.metric_preconditioned_update(x, U, x)
+    torch.testing.assert_close(got, G.metric_preconditioned_update(x, U, x), rtol=0, atol=0)
+
+
+def test_a_failed_build_says_why(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "kernels.c"
+    bad.write_text("this is not C\n")
+    monkeypatch.setenv("ATTENTION_ATLAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "SOURCE", bad)
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_error", None)
+    assert native.library() is None
+    assert native.status().startswith("native kernels unavailable: building the native kernels")
+    assert not list((tmp_path / "cache" / "native").glob("*.so"))  # nothing half-written kept
+
+
+def test_a_fresh_build_goes_to_the_cache_folder(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("ATTENTION_ATLAS_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_error", None)
+    assert native.library() is not None, native.status()
+    built = list((tmp_path / "native").glob("kernels-*.so"))
+    assert len(built) == 1 and not list((tmp_path / "native").glob(".*partial"))
+
+
+def test_a_training_run_records_the_native_kernels(tmp_path: Path) -> None:
+    from train_helpers import tiny_cfg
+
+    from attention_atlas.data import copy_task
+    from attention_atlas.models import FiberBundleConfig
+    from attention_atlas.train import train
+
+    data = copy_task(64, 16, length=6, vocab=5)
+    cfg = tiny_cfg(steps=3, log_every=3, native=True, out_dir=str(tmp_path))
+    res = train(FiberBundleConfig(dim=16, n_layers=1, n_heads=2), cfg, data)
+    assert res.record["train_config"]["native"] is True
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["train_config"]["native"] is True
+    assert not native.is_enabled()  # the switch was the run's only
+
+
+def test_a_sweep_cell_records_the_native_kernels() -> None:
+    from attention_atlas.sweep_backends import execute_cell
+
+    def cell(params, seed):  # type: ignore[no-untyped-def]
+        return {"on": native.is_enabled()}
+
+    out = execute_cell(cell, {}, 0, 1, native=True)
+    assert out["metrics"] == {"on": True}
+    assert out["environment"]["native"] is True
+    assert out["environment"]["native_status"] == "native kernels loaded"
+    assert "native" not in execute_cell(cell, {}, 0, 1)["environment"]
