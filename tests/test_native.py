@@ -52,7 +52,9 @@ def _both_paths(fn, inputs):  # type: ignore[no-untyped-def]
 def _assert_same(out, rtol: float = 1e-11) -> None:  # type: ignore[no-untyped-def]
     (y0, g0), (y1, g1) = out
     for a, b in zip((*y0, *g0), (*y1, *g1)):
-        torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=rtol * (1 + float(a.detach().abs().max())))
+        torch.testing.assert_close(
+            b.detach(), a.detach(), rtol=rtol, atol=rtol * (1 + float(a.detach().abs().max()))
+        )
 
 
 SHAPES = [(2, 3, 9, 5, 3), (1, 2, 40, 16, 4), (1, 1, 17, 16, 2), (2, 1, 33, 16, 8)]
@@ -138,8 +140,10 @@ GRADCHECKS = {
         lambda base, ut, x: NF.CausalPairwiseTerms.apply(base.clone(), ut, x, 0.3, True),
         [(3, 6, 6), (3, 6, 2, 5), (3, 12, 5)],
     ),
-    "projection": (lambda ut, s, a, b: NF.MetricProjection.apply(ut, s, a, b),
-                   [(7, 3, 5), (), (7, 5), (7, 5)]),  # fmt: skip
+    "projection": (
+        lambda ut, s, a, b: NF.MetricProjection.apply(ut, s, a, b),
+        [(7, 3, 5), (), (7, 5), (7, 5)],
+    ),  # fmt: skip
     "woodbury": (NF.WoodburyApply.apply, [(7, 3, 5), (7, 5)]),
     "skew": (NF.SkewFactorsApply.apply, [(7, 4, 2, 5), (7, 5), (2,)]),
     "gram": (NF.GramSums.apply, [(3, 6, 2, 5)]),

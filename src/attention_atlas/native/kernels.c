@@ -267,9 +267,67 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
 DEFINE_KERNELS(float, f32)
 DEFINE_KERNELS(double, f64)
 
-/* ---- per-token kernels: every token's U^T (r, d) is a contiguous block of ut (N, r, d) ---- */
+/* ---- per-token kernels: every token's U^T (r, d) is a contiguous block of ut (N, r, d) ----
+ * Tokens go TK at a time, as vector lanes: each block is first copied token-innermost
+ * (U[s][c][lane], x[c][lane]; lanes past N are zeros), so every loop below runs over lanes,
+ * with no reduction inside a vector and no dependence between lanes. */
+#define TK 16
+#define LANES for (long l = 0; l < TK; ++l)
+#define SIMD_LANES _Pragma("omp simd") LANES
 
 #define DEFINE_TOKEN_KERNELS(T, SUF)                                                           \
+                                                                                               \
+/* copy rows [n0, n0 + nb) of a (N, w) array into (w, TK), zero-padded; and back */            \
+static inline void stage_##SUF(const T* RESTRICT src, long n0, long nb, long w, T* RESTRICT dst) { \
+    for (long l = 0; l < nb; ++l)                                                              \
+        for (long i = 0; i < w; ++i) dst[i * TK + l] = src[(n0 + l) * w + i];                  \
+    for (long l = nb; l < TK; ++l)                                                             \
+        for (long i = 0; i < w; ++i) dst[i * TK + l] = 0;                                      \
+}                                                                                              \
+static inline void unstage_##SUF(const T* RESTRICT src, long n0, long nb, long w, T* RESTRICT dst) { \
+    for (long l = 0; l < nb; ++l)                                                              \
+        for (long i = 0; i < w; ++i) dst[(n0 + l) * w + i] = src[i * TK + l];                  \
+}                                                                                              \
+/* out[s][l] = sum_c U[s][c][l] v[c][l] for s < r */                                           \
+static inline __attribute__((always_inline)) void lanes_ut_##SUF(                             \
+        const T* RESTRICT U, const T* RESTRICT v, T* RESTRICT out, long r, long d) {           \
+    for (long s = 0; s < r; ++s) {                                                             \
+        T* o = out + s * TK;                                                                   \
+        SIMD_LANES o[l] = 0;                                                                   \
+        for (long c = 0; c < d; ++c) {                                                         \
+            const T* u = U + (s * d + c) * TK;                                                 \
+            const T* vc = v + c * TK;                                                          \
+            SIMD_LANES o[l] += u[l] * vc[l];                                                   \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+/* y[c][l] += sign sum_s z[s][l] U[s][c][l], in place */                                      \
+static inline __attribute__((always_inline)) void lanes_u_add_##SUF(                          \
+        const T* RESTRICT U, const T* RESTRICT z, T* RESTRICT y, T sign, long r, long d) {     \
+    for (long c = 0; c < d; ++c) {                                                             \
+        T* yc = y + c * TK;                                                                    \
+        for (long s = 0; s < r; ++s) {                                                         \
+            const T* u = U + (s * d + c) * TK;                                                 \
+            const T* zs = z + s * TK;                                                          \
+            SIMD_LANES yc[l] += sign * zs[l] * u[l];                                           \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+/* y[c][l] = x[c][l] + sign sum_s z[s][l] U[s][c][l] */                                        \
+static inline __attribute__((always_inline)) void lanes_u_##SUF(                              \
+        const T* RESTRICT U, const T* RESTRICT z, const T* RESTRICT x, T* RESTRICT y, T sign,  \
+        long r, long d) {                                                                      \
+    for (long c = 0; c < d; ++c) {                                                             \
+        T* yc = y + c * TK;                                                                    \
+        const T* xc = x + c * TK;                                                              \
+        SIMD_LANES yc[l] = xc[l];                                                              \
+        for (long s = 0; s < r; ++s) {                                                         \
+            const T* u = U + (s * d + c) * TK;                                                 \
+            const T* zs = z + s * TK;                                                          \
+            SIMD_LANES yc[l] += sign * zs[l] * u[l];                                           \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
                                                                                                \
 /* y = x + s U (U^T x) per token (Phase A++, eq. (20)): ut (N, r, d), x, y (N, d) */           \
 static inline __attribute__((always_inline)) void projection_forward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y,        \
@@ -321,75 +379,100 @@ static inline __attribute__((always_inline)) double projection_backward_body_##S
     return ds;                                                                                 \
 }                                                                                              \
                                                                                                \
-/* Cholesky factor (lower, row-major r x r) of cap = I + U^T U of one token; U^T is u (r, d) */ \
-static inline void capacitance_##SUF(const T* RESTRICT u, long r, long d, T* RESTRICT Lc) {   \
+/* Cholesky factor (lower) of cap = I + U^T U per lane: Lc[a][b][l], and 1 / Lc[a][a] */      \
+static inline __attribute__((always_inline)) void capacitance_##SUF(                          \
+        const T* RESTRICT U, long r, long d, T* RESTRICT Lc, T* RESTRICT inv) {               \
     for (long a = 0; a < r; ++a) {                                                             \
         for (long b = 0; b <= a; ++b) {                                                        \
-            T acc = a == b ? 1 : 0;                                                            \
-            _Pragma("omp simd reduction(+:acc)")                                               \
-            for (long c = 0; c < d; ++c) acc += u[a * d + c] * u[b * d + c];                   \
-            for (long k = 0; k < b; ++k) acc -= Lc[a * r + k] * Lc[b * r + k];                 \
-            Lc[a * r + b] = a == b ? sqrt(acc) : acc / Lc[b * r + b];                          \
+            T acc[TK];                                                                         \
+            SIMD_LANES acc[l] = a == b ? 1 : 0;                                                \
+            for (long c = 0; c < d; ++c) {                                                     \
+                const T *ua = U + (a * d + c) * TK, *ub = U + (b * d + c) * TK;                \
+                SIMD_LANES acc[l] += ua[l] * ub[l];                                            \
+            }                                                                                  \
+            for (long k = 0; k < b; ++k) {                                                     \
+                const T *la = Lc + (a * RMAX + k) * TK, *lb = Lc + (b * RMAX + k) * TK;        \
+                SIMD_LANES acc[l] -= la[l] * lb[l];                                            \
+            }                                                                                  \
+            T* o = Lc + (a * RMAX + b) * TK;                                                   \
+            if (a == b) {                                                                      \
+                T* iv = inv + a * TK;                                                          \
+                SIMD_LANES { o[l] = sqrt(acc[l]); iv[l] = 1 / o[l]; }                          \
+            } else {                                                                           \
+                const T* iv = inv + b * TK;                                                    \
+                SIMD_LANES o[l] = acc[l] * iv[l];                                              \
+            }                                                                                  \
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
-                                                                                               \
-/* z = cap^{-1} z in place from its Cholesky factor */                                         \
-static inline void cholesky_solve_##SUF(const T* RESTRICT Lc, long r, T* RESTRICT z) {         \
+/* z = cap^{-1} z in place per lane, z[s][l] */                                                \
+static inline __attribute__((always_inline)) void cholesky_solve_##SUF(                       \
+        const T* RESTRICT Lc, const T* RESTRICT inv, long r, T* RESTRICT z) {                  \
     for (long a = 0; a < r; ++a) {                                                             \
-        T acc = z[a];                                                                          \
-        for (long k = 0; k < a; ++k) acc -= Lc[a * r + k] * z[k];                              \
-        z[a] = acc / Lc[a * r + a];                                                            \
+        T* za = z + a * TK;                                                                    \
+        for (long k = 0; k < a; ++k) {                                                         \
+            const T *lk = Lc + (a * RMAX + k) * TK, *zk = z + k * TK;                          \
+            SIMD_LANES za[l] -= lk[l] * zk[l];                                                 \
+        }                                                                                      \
+        const T* iv = inv + a * TK;                                                            \
+        SIMD_LANES za[l] *= iv[l];                                                             \
     }                                                                                          \
     for (long a = r - 1; a >= 0; --a) {                                                        \
-        T acc = z[a];                                                                          \
-        for (long k = a + 1; k < r; ++k) acc -= Lc[k * r + a] * z[k];                          \
-        z[a] = acc / Lc[a * r + a];                                                            \
+        T* za = z + a * TK;                                                                    \
+        for (long k = a + 1; k < r; ++k) {                                                     \
+            const T *lk = Lc + (k * RMAX + a) * TK, *zk = z + k * TK;                          \
+            SIMD_LANES za[l] -= lk[l] * zk[l];                                                 \
+        }                                                                                      \
+        const T* iv = inv + a * TK;                                                            \
+        SIMD_LANES za[l] *= iv[l];                                                             \
     }                                                                                          \
 }                                                                                              \
-                                                                                               \
-/* y = x - U (I + U^T U)^{-1} U^T x = (I + U U^T)^{-1} x per token (Woodbury, eq. (26)) */     \
-static inline void woodbury_token_##SUF(const T* RESTRICT u, const T* RESTRICT Lc,             \
-                                        const T* RESTRICT x, T* RESTRICT y, long r, long d) {  \
-    T z[RMAX];                                                                                 \
-    for (long t = 0; t < r; ++t) {                                                             \
-        T acc = 0;                                                                             \
-        _Pragma("omp simd reduction(+:acc)")                                                   \
-        for (long c = 0; c < d; ++c) acc += u[t * d + c] * x[c];                               \
-        z[t] = acc;                                                                            \
-    }                                                                                          \
-    cholesky_solve_##SUF(Lc, r, z);                                                            \
-    for (long c = 0; c < d; ++c) y[c] = x[c];                                                  \
-    for (long t = 0; t < r; ++t)                                                               \
-        for (long c = 0; c < d; ++c) y[c] -= z[t] * u[t * d + c];                              \
+/* Y = (I + U U^T)^{-1} X = X - U cap^{-1} U^T X per lane (Woodbury, eq. (26)) */             \
+static inline __attribute__((always_inline)) void woodbury_lanes_##SUF(                       \
+        const T* RESTRICT U, const T* RESTRICT Lc, const T* RESTRICT inv, const T* RESTRICT X, \
+        T* RESTRICT Y, long r, long d) {                                                       \
+    T z[RMAX * TK];                                                                            \
+    lanes_ut_##SUF(U, X, z, r, d);                                                             \
+    cholesky_solve_##SUF(Lc, inv, r, z);                                                       \
+    lanes_u_##SUF(U, z, X, Y, (T)-1, r, d);                                                    \
 }                                                                                              \
                                                                                                \
-static inline __attribute__((always_inline)) void woodbury_forward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y,          \
-                            long N, long r, long d) {                                          \
-    T Lc[RMAX * RMAX];                                                                         \
-    for (long n = 0; n < N; ++n) {                                                             \
-        capacitance_##SUF(ut + n * r * d, r, d, Lc);                                           \
-        woodbury_token_##SUF(ut + n * r * d, Lc, x + n * d, y + n * d, r, d);                  \
+static inline __attribute__((always_inline)) void woodbury_forward_body_##SUF(                \
+        const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long N, long r, long d) {    \
+    T U[RMAX * d * TK], X[d * TK], Y[d * TK], Lc[RMAX * RMAX * TK], inv[RMAX * TK];            \
+    for (long n0 = 0; n0 < N; n0 += TK) {                                                      \
+        const long nb = N - n0 < TK ? N - n0 : TK;                                             \
+        stage_##SUF(ut, n0, nb, r * d, U);                                                     \
+        stage_##SUF(x, n0, nb, d, X);                                                          \
+        capacitance_##SUF(U, r, d, Lc, inv);                                                   \
+        woodbury_lanes_##SUF(U, Lc, inv, X, Y, r, d);                                          \
+        unstage_##SUF(Y, n0, nb, d, y);                                                        \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
 /* backward of y = g^{-1} x for dy: dx = w = g^{-1} dy, dU^T = -((U^T y) w^T + (U^T w) y^T) */ \
-static inline __attribute__((always_inline)) void woodbury_backward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T* RESTRICT dy,  \
-                             T* RESTRICT dx, T* RESTRICT dut, long N, long r, long d) {        \
-    T Lc[RMAX * RMAX];                                                                         \
-    for (long n = 0; n < N; ++n) {                                                             \
-        const T* u = ut + n * r * d;                                                           \
-        const T* yn = y + n * d;                                                               \
-        T* w = dx + n * d;                                                                     \
-        capacitance_##SUF(u, r, d, Lc);                                                        \
-        woodbury_token_##SUF(u, Lc, dy + n * d, w, r, d);                                      \
-        for (long t = 0; t < r; ++t) {                                                         \
-            T uy = 0, uw = 0;                                                                  \
-            _Pragma("omp simd reduction(+:uy,uw)")                                             \
-            for (long c = 0; c < d; ++c) { uy += u[t * d + c] * yn[c]; uw += u[t * d + c] * w[c]; } \
-            T* du = dut + (n * r + t) * d;                                                     \
-            for (long c = 0; c < d; ++c) du[c] = -(uy * w[c] + uw * yn[c]);                    \
-        }                                                                                      \
+static inline __attribute__((always_inline)) void woodbury_backward_body_##SUF(               \
+        const T* RESTRICT ut, const T* RESTRICT y, const T* RESTRICT dy, T* RESTRICT dx,       \
+        T* RESTRICT dut, long N, long r, long d) {                                             \
+    T U[RMAX * d * TK], Yv[d * TK], DY[d * TK], W[d * TK], D[RMAX * d * TK];                   \
+    T Lc[RMAX * RMAX * TK], inv[RMAX * TK], uy[RMAX * TK], uw[RMAX * TK];                      \
+    for (long n0 = 0; n0 < N; n0 += TK) {                                                      \
+        const long nb = N - n0 < TK ? N - n0 : TK;                                             \
+        stage_##SUF(ut, n0, nb, r * d, U);                                                     \
+        stage_##SUF(y, n0, nb, d, Yv);                                                         \
+        stage_##SUF(dy, n0, nb, d, DY);                                                        \
+        capacitance_##SUF(U, r, d, Lc, inv);                                                   \
+        woodbury_lanes_##SUF(U, Lc, inv, DY, W, r, d);                                         \
+        lanes_ut_##SUF(U, Yv, uy, r, d);                                                       \
+        lanes_ut_##SUF(U, W, uw, r, d);                                                        \
+        for (long t = 0; t < r; ++t)                                                           \
+            for (long q = 0; q < d; ++q) {                                                     \
+                T* o = D + (t * d + q) * TK;                                                   \
+                const T *a1 = uy + t * TK, *a2 = uw + t * TK, *wq = W + q * TK, *yq = Yv + q * TK; \
+                SIMD_LANES o[l] = -(a1[l] * wq[l] + a2[l] * yq[l]);                            \
+            }                                                                                  \
+        unstage_##SUF(W, n0, nb, d, dx);                                                       \
+        unstage_##SUF(D, n0, nb, r * d, dut);                                                  \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
@@ -454,112 +537,119 @@ static inline __attribute__((always_inline)) void skew_backward_body_##SUF(const
     }                                                                                          \
 }                                                                                              \
                                                                                                \
+/* G[i][j][l] = u_i . u_j per lane of U (r, d, TK) and V (for C_t = U_t^T U_{t+1}) */         \
+static inline __attribute__((always_inline)) void lanes_gram_##SUF(                           \
+        const T* RESTRICT U, const T* RESTRICT V, T* RESTRICT G, long r, long d) {             \
+    for (long i = 0; i < r; ++i)                                                               \
+        for (long j = 0; j < r; ++j) {                                                         \
+            T* o = G + (i * r + j) * TK;                                                       \
+            SIMD_LANES o[l] = 0;                                                               \
+            for (long c = 0; c < d; ++c) {                                                     \
+                const T *ui = U + (i * d + c) * TK, *vj = V + (j * d + c) * TK;                \
+                SIMD_LANES o[l] += ui[l] * vj[l];                                              \
+            }                                                                                  \
+        }                                                                                      \
+}                                                                                              \
+                                                                                               \
 /* Gram sums of the regularisers (eqs. (32), (33)) per item of ut (N, L, r, d):                \
    self_sq (N, L) = |U_t^T U_t|_F^2, cross (N, L-1) = |U_t^T U_{t+1}|_F^2,                     \
-   total (N) = |sum_t U_t U_t^T|_F^2; M (N, d, d) = sum_t U_t U_t^T kept for the backward */   \
-static inline __attribute__((always_inline)) void gram_forward_body_##SUF(const T* RESTRICT ut, T* RESTRICT self_sq, T* RESTRICT cross,          \
-                        T* RESTRICT total, T* RESTRICT M, long N, long L, long r, long d) {    \
+   total (N) = |sum_t U_t U_t^T|_F^2; M (N, d, d) = sum_t U_t U_t^T kept for the backward.     \
+   Lanes are the tokens t0.. of one item; V holds the next token's factor of each lane. */    \
+static inline __attribute__((always_inline)) void gram_forward_body_##SUF(                    \
+        const T* RESTRICT ut, T* RESTRICT self_sq, T* RESTRICT cross, T* RESTRICT total,       \
+        T* RESTRICT M, long N, long L, long r, long d) {                                       \
+    T U[RMAX * d * TK], V[RMAX * d * TK], G[RMAX * RMAX * TK], Ma[d * d * TK], o[TK];          \
     for (long n = 0; n < N; ++n) {                                                             \
         const T* u = ut + n * L * r * d;                                                       \
-        T* m = M + n * d * d;                                                                  \
-        memset(m, 0, sizeof(T) * d * d);                                                       \
-        for (long t = 0; t < L; ++t) {                                                         \
-            const T* a = u + t * r * d;                                                        \
-            T ss = 0, cs = 0;                                                                  \
-            for (long i = 0; i < r; ++i)                                                       \
-                for (long j = 0; j < r; ++j) {                                                 \
-                    T gij = 0, cij = 0;                                                        \
-                    _Pragma("omp simd reduction(+:gij)")                                       \
-                    for (long c = 0; c < d; ++c) gij += a[i * d + c] * a[j * d + c];           \
-                    ss += gij * gij;                                                           \
-                    if (t + 1 < L) {                                                           \
-                        _Pragma("omp simd reduction(+:cij)")                                   \
-                        for (long c = 0; c < d; ++c) cij += a[i * d + c] * a[r * d + j * d + c]; \
-                        cs += cij * cij;                                                       \
+        for (long t = 0; t < d * d * TK; ++t) Ma[t] = 0;                                       \
+        for (long t0 = 0; t0 < L; t0 += TK) {                                                  \
+            const long nb = L - t0 < TK ? L - t0 : TK;                                         \
+            const long nv = L - t0 - 1 < TK ? L - t0 - 1 : TK;  /* lanes with a next token */  \
+            stage_##SUF(u, t0, nb, r * d, U);                                                  \
+            stage_##SUF(u, t0 + 1, nv, r * d, V);                                              \
+            lanes_gram_##SUF(U, U, G, r, d);                                                   \
+            SIMD_LANES o[l] = 0;                                                               \
+            for (long t = 0; t < r * r; ++t) { const T* gt = G + t * TK; SIMD_LANES o[l] += gt[l] * gt[l]; } \
+            for (long l = 0; l < nb; ++l) self_sq[n * L + t0 + l] = o[l];                      \
+            lanes_gram_##SUF(U, V, G, r, d);                                                   \
+            SIMD_LANES o[l] = 0;                                                               \
+            for (long t = 0; t < r * r; ++t) { const T* gt = G + t * TK; SIMD_LANES o[l] += gt[l] * gt[l]; } \
+            for (long l = 0; l < nv; ++l) cross[n * (L - 1) + t0 + l] = o[l];                  \
+            for (long b = 0; b < d; ++b)                                                       \
+                for (long c = 0; c < d; ++c) {                                                 \
+                    T* mb = Ma + (b * d + c) * TK;                                             \
+                    for (long i = 0; i < r; ++i) {                                             \
+                        const T *ub = U + (i * d + b) * TK, *uc = U + (i * d + c) * TK;        \
+                        SIMD_LANES mb[l] += ub[l] * uc[l];                                     \
                     }                                                                          \
                 }                                                                              \
-            self_sq[n * L + t] = ss;                                                           \
-            if (t + 1 < L) cross[n * (L - 1) + t] = cs;                                        \
-            for (long i = 0; i < r; ++i)                                                       \
-                for (long b = 0; b < d; ++b) {                                                 \
-                    const T ab = a[i * d + b];                                                 \
-                    for (long c = 0; c < d; ++c) m[b * d + c] += ab * a[i * d + c];            \
-                }                                                                              \
         }                                                                                      \
+        T* m = M + n * d * d;                                                                  \
         T tot = 0;                                                                             \
-        for (long b = 0; b < d * d; ++b) tot += m[b] * m[b];                                   \
+        for (long b = 0; b < d * d; ++b) {                                                     \
+            T acc = 0;                                                                         \
+            for (long l = 0; l < TK; ++l) acc += Ma[b * TK + l];                               \
+            m[b] = acc;                                                                        \
+            tot += acc * acc;                                                                  \
+        }                                                                                      \
         total[n] = tot;                                                                        \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
 /* their backward with respect to U_t^T: 4 ds_t G_t U_t^T + 2 dc_t C_t U_{t+1}^T               \
    + 2 dc_{t-1} C_{t-1}^T U_{t-1}^T + 4 dm U_t^T M (written into dut) */                      \
-static inline __attribute__((always_inline)) void gram_backward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT M, const T* RESTRICT ds,      \
-                         const T* RESTRICT dc, const T* RESTRICT dm, T* RESTRICT dut,          \
-                         long N, long L, long r, long d) {                                     \
-    T G[RMAX * RMAX], C[RMAX * RMAX];                                                          \
+static inline __attribute__((always_inline)) void gram_backward_body_##SUF(                   \
+        const T* RESTRICT ut, const T* RESTRICT M, const T* RESTRICT ds, const T* RESTRICT dc, \
+        const T* RESTRICT dm, T* RESTRICT dut, long N, long L, long r, long d) {              \
+    T U[RMAX * d * TK], V[RMAX * d * TK], Pv[RMAX * d * TK], D[RMAX * d * TK];                 \
+    T G[RMAX * RMAX * TK], fs[TK], fn[TK], fp[TK];                                             \
     for (long n = 0; n < N; ++n) {                                                             \
         const T* u = ut + n * L * r * d;                                                       \
         const T* m = M + n * d * d;                                                            \
-        T* du = dut + n * L * r * d;                                                           \
         const T fm = 4 * dm[n];                                                                \
-        for (long t = 0; t < L; ++t) {                                                         \
-            const T* a = u + t * r * d;                                                        \
-            T* g = du + t * r * d;                                                             \
-            for (long i = 0; i < r; ++i) {                                                     \
-                T* gi = g + i * d;                                                             \
-                for (long c = 0; c < d; ++c) gi[c] = 0;                                        \
-                for (long b = 0; b < d; ++b) {                                                 \
-                    const T ab = fm * a[i * d + b];                                            \
-                    _Pragma("omp simd")                                                        \
-                    for (long c = 0; c < d; ++c) gi[c] += ab * m[b * d + c];                   \
-                }                                                                              \
+        for (long t0 = 0; t0 < L; t0 += TK) {                                                  \
+            const long nb = L - t0 < TK ? L - t0 : TK;                                         \
+            const long nv = L - t0 - 1 < TK ? L - t0 - 1 : TK;                                 \
+            stage_##SUF(u, t0, nb, r * d, U);                                                  \
+            stage_##SUF(u, t0 + 1, nv, r * d, V);                                              \
+            if (t0 > 0) stage_##SUF(u, t0 - 1, nb, r * d, Pv);                                 \
+            else { stage_##SUF(u, 0, 0, r * d, Pv); for (long l = 1; l < nb; ++l)              \
+                       for (long i = 0; i < r * d; ++i) Pv[i * TK + l] = u[(l - 1) * r * d + i]; } \
+            LANES {                                                                            \
+                const long t = t0 + l;                                                         \
+                fs[l] = l < nb ? 4 * ds[n * L + t] : 0;                                        \
+                fn[l] = l < nv ? 2 * dc[n * (L - 1) + t] : 0;                                  \
+                fp[l] = l < nb && t > 0 ? 2 * dc[n * (L - 1) + t - 1] : 0;                     \
             }                                                                                  \
-            const T fs = 4 * ds[n * L + t];                                                    \
-            for (long i = 0; i < r; ++i)                                                       \
-                for (long j = 0; j < r; ++j) {                                                 \
-                    T gij = 0;                                                                 \
-                    _Pragma("omp simd reduction(+:gij)")                                       \
-                    for (long c = 0; c < d; ++c) gij += a[i * d + c] * a[j * d + c];           \
-                    G[i * r + j] = fs * gij;                                                   \
+            for (long i = 0; i < r; ++i)  /* 4 dm U^T M */                                    \
+                for (long c = 0; c < d; ++c) {                                                 \
+                    T* o = D + (i * d + c) * TK;                                               \
+                    SIMD_LANES o[l] = 0;                                                       \
+                    for (long b = 0; b < d; ++b) {                                             \
+                        const T mbc = fm * m[b * d + c];                                       \
+                        const T* ub = U + (i * d + b) * TK;                                    \
+                        SIMD_LANES o[l] += mbc * ub[l];                                        \
+                    }                                                                          \
                 }                                                                              \
-            for (long i = 0; i < r; ++i)                                                       \
-                for (long j = 0; j < r; ++j)                                                   \
-                    for (long c = 0; c < d; ++c) g[i * d + c] += G[i * r + j] * a[j * d + c];  \
-            if (t + 1 < L) { /* C_t = U_t^T U_{t+1}: to U_t^T through U_{t+1}^T, and back */  \
-                const T* b = a + r * d;                                                        \
-                T* gb = g + r * d;                                                             \
-                const T fc = 2 * dc[n * (L - 1) + t];                                          \
+            /* + 4 ds G_t U_t^T, 2 dc C_t U_{t+1}^T, 2 dc_{t-1} C_{t-1}^T U_{t-1}^T */         \
+            for (long pass = 0; pass < 3; ++pass) {                                            \
+                const T* other = pass == 0 ? U : pass == 1 ? V : Pv;                           \
+                const T* f = pass == 0 ? fs : pass == 1 ? fn : fp;                             \
+                lanes_gram_##SUF(U, other, G, r, d);  /* G[i][j] = u_i . other_j */           \
                 for (long i = 0; i < r; ++i)                                                   \
                     for (long j = 0; j < r; ++j) {                                             \
-                        T cij = 0;                                                             \
-                        _Pragma("omp simd reduction(+:cij)")                                   \
-                        for (long c = 0; c < d; ++c) cij += a[i * d + c] * b[j * d + c];       \
-                        C[i * r + j] = fc * cij;                                               \
+                        const T* gij = G + (i * r + j) * TK;                                   \
+                        for (long c = 0; c < d; ++c) {                                         \
+                            T* o = D + (i * d + c) * TK;                                       \
+                            const T* oj = other + (j * d + c) * TK;                            \
+                            SIMD_LANES o[l] += f[l] * gij[l] * oj[l];                          \
+                        }                                                                      \
                     }                                                                          \
-                for (long i = 0; i < r; ++i)                                                   \
-                    for (long j = 0; j < r; ++j)                                               \
-                        for (long c = 0; c < d; ++c) g[i * d + c] += C[i * r + j] * b[j * d + c]; \
-                (void)gb;                                                                      \
             }                                                                                  \
-            if (t > 0) {                                                                       \
-                const T* p = a - r * d;                                                        \
-                const T fc = 2 * dc[n * (L - 1) + t - 1];                                      \
-                for (long i = 0; i < r; ++i)                                                   \
-                    for (long j = 0; j < r; ++j) {                                             \
-                        T cji = 0; /* (C_{t-1})_{ji} = u_{t-1,j} . u_{t,i} */                   \
-                        _Pragma("omp simd reduction(+:cji)")                                   \
-                        for (long c = 0; c < d; ++c) cji += p[j * d + c] * a[i * d + c];       \
-                        C[i * r + j] = fc * cji;                                               \
-                    }                                                                          \
-                for (long i = 0; i < r; ++i)                                                   \
-                    for (long j = 0; j < r; ++j)                                               \
-                        for (long c = 0; c < d; ++c) g[i * d + c] += C[i * r + j] * p[j * d + c]; \
-            }                                                                                  \
+            unstage_##SUF(D, t0, nb, r * d, dut + n * L * r * d); \
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
-                                                                                              \
 void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long N, long r, long d, double s_) {\
     if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 2, 16, s_); return; }  \
     if (r == 4 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 4, 16, s_); return; }  \
