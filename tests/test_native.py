@@ -16,6 +16,7 @@ from attention_atlas import native
 from attention_atlas.attention.riemannian import geometry as G
 from attention_atlas.attention.riemannian import pairwise as P
 from attention_atlas.attention.riemannian import regularizers as R
+from attention_atlas.cofactor.penalty import CausalHeadPenalty
 from attention_atlas.native import functions as NF
 
 DT = torch.float64
@@ -134,7 +135,41 @@ def test_gram_sums_equal_torch_path(shape: tuple[int, ...]) -> None:
     _assert_same(_both_paths(R.gram_sums, [_factor(*shape, g)]))
 
 
+def _causal_head_penalty(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return CausalHeadPenalty.apply(q, k, 0.3, 0.5, 1e-8)
+
+
+def _causal_head_penalty_native(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    with native.enabled(True):
+        return _causal_head_penalty(q, k)
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 5), (2, 2, 3), (4, 64, 16), (2, 33, 16), (1, 17, 32)])
+def test_causal_head_penalty_equals_torch_path(shape: tuple[int, int, int]) -> None:
+    g = torch.Generator().manual_seed(8)
+    q, k = (2 * torch.randn(shape, dtype=DT, generator=g) for _ in range(2))
+    _assert_same(_both_paths(_causal_head_penalty, [q, k]))
+
+
+def test_causal_head_penalty_float32_kernel_matches_float64() -> None:
+    """The float build (its own vectorised exp) against the float64 PyTorch path."""
+    g = torch.Generator().manual_seed(9)
+    q, k = (3 * torch.randn(4, 64, 16, dtype=DT, generator=g) for _ in range(2))
+    w = torch.arange(1.0, 5.0, dtype=DT)
+    results = []
+    for dtype, on in ((DT, False), (torch.float32, True)):
+        xs = [t.to(dtype).requires_grad_(True) for t in (q, k)]
+        with native.enabled(on):
+            loss = _causal_head_penalty(*xs)
+        assert loss.dtype == DT  # the penalty is float64 whatever the logits' dtype
+        results.append((loss.detach(), *torch.autograd.grad((loss * w).sum(), xs)))
+    for want, got in zip(*results):
+        scale = float(want.abs().max())
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * scale)
+
+
 GRADCHECKS = {
+    "causal_head_penalty": (_causal_head_penalty_native, [(3, 7, 5), (3, 7, 5)]),
     "pairwise": (lambda ut, x: NF.PairwiseTerms.apply(ut, x, 0.3), [(3, 6, 2, 5), (3, 12, 5)]),
     "causal_pairwise": (
         lambda base, ut, x: NF.CausalPairwiseTerms.apply(base.clone(), ut, x, 0.3, True),

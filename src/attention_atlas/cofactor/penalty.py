@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from .. import native
 from .cofactors import (
     _lu_logdet,
     _minors_cofactors,
@@ -185,13 +186,19 @@ class CausalHeadPenalty(torch.autograd.Function):
     def forward(
         ctx: FunctionCtx, q: Tensor, k: Tensor, scale: float, beta: float, eps: float
     ) -> Tensor:  # type: ignore[override]
-        n = q.shape[-2]
-        bias, lower = _causal_masks(n, q.dtype, q.device)
-        A = torch.softmax(torch.baddbmm(bias, q, k.transpose(-2, -1), alpha=scale), -1)
-        s = (A * lower).sum(-1).to(torch.float64)  # (b, n); s_0 = 0
+        b, n, d = q.shape
+        fast = native.active(q, k)  # the native kernel (opt-in): the same maths in one loop
+        if fast:
+            q, k = q.contiguous(), k.contiguous()
+            A, s = q.new_empty(b, n, n), q.new_empty(b, n, dtype=torch.float64)
+            native.call("causal_head_forward", q, k, A, s, b, n, d, float(scale))
+        else:
+            bias, lower = _causal_masks(n, q.dtype, q.device)
+            A = torch.softmax(torch.baddbmm(bias, q, k.transpose(-2, -1), alpha=scale), -1)
+            s = (A * lower).sum(-1).to(torch.float64)  # (b, n); s_0 = 0
         m = s[..., 1:].prod(-1)
         ctx.save_for_backward(q, k, A, s, m)
-        ctx.consts = (scale, beta, eps)  # type: ignore[attr-defined]
+        ctx.consts = (scale, beta, eps, fast)  # type: ignore[attr-defined]
         return _loss_of_m(m, n, beta, eps)
 
     @staticmethod
@@ -200,7 +207,7 @@ class CausalHeadPenalty(torch.autograd.Function):
         ctx: FunctionCtx, g: Tensor
     ) -> tuple[Tensor | None, Tensor | None, None, None, None]:  # type: ignore[override]
         q, k, A, s, m = ctx.saved_tensors  # type: ignore[attr-defined]
-        scale, beta, eps = ctx.consts  # type: ignore[attr-defined]
+        scale, beta, eps, fast = ctx.consts  # type: ignore[attr-defined]
         n = A.shape[-1]
         dm = -1.0 / (m + eps)
         if beta:
@@ -215,6 +222,10 @@ class CausalHeadPenalty(torch.autograd.Function):
             dmds = before * after
         # scale * dloss/ds_i, (b, n); row 0 gets 0 (s_0 = 0 and [j < 0] is empty, so dz_0 = 0)
         gs = F.pad((g * dm * scale).unsqueeze(-1) * dmds, (1, 0))
+        if fast:
+            gq, gk = torch.empty_like(q), torch.empty_like(k)
+            native.call("causal_head_backward", q, k, A, gs.contiguous(), s, gq, gk, *q.shape)
+            return gq, gk, None, None, None
         lower = _causal_masks(n, A.dtype, A.device)[1]
         # dz_ij = A_ij g_i ([j < i] - s_i), scaled
         dz = (lower * gs.to(A.dtype).unsqueeze(-1)).sub_((gs * s).to(A.dtype).unsqueeze(-1))

@@ -1,5 +1,6 @@
-"""Native CPU kernels for the Fiber Bundle Transformer's hot paths, and the switch that selects
-them.
+"""Native CPU kernels for the Fiber Bundle Transformer's hot paths and the cofactor
+regulariser's causal heads (:class:`attention_atlas.cofactor.penalty.CausalHeadPenalty`), and the
+switch that selects them.
 
 The library's own paths are PyTorch operators: many small ones per token and per pair, whose
 cost on a CPU is their number and their memory traffic, not their arithmetic (chapter 8). The
@@ -138,6 +139,8 @@ _SIGNATURES = {
     "skew_backward": "pppppppnnnn",
     "gram_forward": "pppppnnnn",
     "gram_backward": "ppppppnnnn",
+    "causal_head_forward": "ppppnnnf",
+    "causal_head_backward": "pppppppnnn",
 }
 _CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
 #: the largest metric or factor rank the kernels take (RMAX in kernels.c)

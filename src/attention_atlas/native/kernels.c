@@ -1,4 +1,5 @@
-/* Native CPU kernels of the Fiber Bundle Transformer's hot paths (attention_atlas.native).
+/* Native CPU kernels of the Fiber Bundle Transformer's hot paths and of the cofactor
+ * regulariser's causal heads (attention_atlas.native).
  *
  * Plain C, no Python or torch headers: built once per machine by attention_atlas/native/build.py
  * (gcc -O3 -march=native -fopenmp-simd), loaded with ctypes, called on contiguous CPU tensors.
@@ -701,3 +702,109 @@ void gram_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT M, const T* RES
 
 DEFINE_TOKEN_KERNELS(float, f32)
 DEFINE_TOKEN_KERNELS(double, f64)
+
+/* ---- the closed-form penalty of causal dot-product heads (cofactor.penalty.CausalHeadPenalty)
+ * q, k (B, n, d); z_ij = scale q_i . k_j for j <= i; A (B, n, n) its row softmax, 0 above the
+ * diagonal; s (B, n, double) s_i = sum_{j<i} A_ij (positive terms, summed in double).
+ * Backward: gs (B, n, double) the scaled dloss/ds_i; dz_ij = A_ij gs_i ([j < i] - s_i) for
+ * j <= i; dq_i = sum_j dz_ij k_j, dk_j = sum_i dz_ij q_i (dq, dk (B, n, d), overwritten).
+ * The forward runs over blocks of JB contiguous j (each matrix's keys staged transposed,
+ * (d, n) padded to a multiple of JB), the logits of a block in registers. */
+
+/* exp(x) for x <= 0 in float, vectorisable (Cephes' expf: Cody-Waite reduction by ln 2 and a
+ * degree-6 polynomial, a few ulp); 0 below -87 (exp(-87) ~ 1.6e-38, near the smallest normal
+ * float), which no softmax row (whose largest term is 1) can see. */
+static inline float exp_nonpositive_f32(float x) {
+    const int under = x < -87.0f;
+    x = under ? -87.0f : x;
+    /* n = round(x log2 e) by adding and removing 1.5 * 2^23 (floorf does not vectorise) */
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const int bits = ((int)n + 127) << 23;
+    float scale; memcpy(&scale, &bits, sizeof scale);
+    return under ? 0.0f : y * scale;
+}
+static inline double exp_nonpositive_f64(double x) { return exp(x); }
+
+#define DEFINE_CAUSAL_HEAD_KERNELS(T, SUF)                                                     \
+static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF(              \
+    const T* RESTRICT q, const T* RESTRICT k, T* RESTRICT A, double* RESTRICT s, long B,      \
+    long n, long d, double scale, T* RESTRICT kt, T* RESTRICT zrow) {                          \
+    const T sc = (T)scale;                                                                     \
+    const long np = (n + JB - 1) / JB * JB;                                                    \
+    for (long b = 0; b < B; ++b) {                                                             \
+        const T* qb = q + b * n * d; const T* kb = k + b * n * d;                              \
+        for (long c = 0; c < d; ++c) for (long j = 0; j < np; ++j)                             \
+            kt[c * np + j] = j < n ? kb[j * d + c] : (T)0;                                     \
+        for (long i = 0; i < n; ++i) {                                                         \
+            const T* qi = qb + i * d; T* RESTRICT row = A + (b * n + i) * n;                   \
+            const long m = i + 1;                                                              \
+            for (long j0 = 0; j0 < m; j0 += JB) { /* JB logits in registers, d steps */        \
+                T acc[JB] = {0};                                                               \
+                for (long c = 0; c < d; ++c) {                                                 \
+                    const T a = sc * qi[c]; const T* RESTRICT kc = kt + c * np + j0;           \
+                    _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[l] += a * kc[l];     \
+                }                                                                              \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) zrow[j0 + l] = acc[l];       \
+            }                                                                                  \
+            const long mb = (m + JB - 1) / JB * JB; /* whole blocks: no scalar remainders */  \
+            for (long j = m; j < mb; ++j) zrow[j] = -INFINITY;                                 \
+            T mx = zrow[0];                                                                    \
+            _Pragma("omp simd reduction(max:mx)") for (long j = 0; j < mb; ++j) mx = zrow[j] > mx ? zrow[j] : mx; \
+            _Pragma("omp simd") for (long j = 0; j < mb; ++j) zrow[j] = exp_nonpositive_##SUF(zrow[j] - mx); \
+            const T ei = zrow[i];                                                              \
+            zrow[i] = 0;                                                                       \
+            double lower = 0.0;                                                                \
+            _Pragma("omp simd reduction(+:lower)") for (long j = 0; j < mb; ++j) lower += zrow[j]; \
+            zrow[i] = ei;                                                                      \
+            const double total = lower + ei;                                                   \
+            const T inv = (T)(1.0 / total);                                                    \
+            _Pragma("omp simd") for (long j = 0; j < mb; ++j) zrow[j] *= inv;                  \
+            memcpy(row, zrow, sizeof(T) * m);                                                  \
+            memset(row + m, 0, sizeof(T) * (n - m));                                           \
+            s[b * n + i] = lower / total;                                                      \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void causal_head_backward_body_##SUF(             \
+    const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT A, const double* RESTRICT gs, \
+    const double* RESTRICT s, T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d) {      \
+    memset(dk, 0, sizeof(T) * B * n * d);                                                      \
+    for (long b = 0; b < B; ++b) {                                                             \
+        const T* qb = q + b * n * d; const T* kb = k + b * n * d; T* dkb = dk + b * n * d;     \
+        for (long i = 0; i < n; ++i) {                                                         \
+            const T* qi = qb + i * d; const T* row = A + (b * n + i) * n;                      \
+            T* dqi = dq + (b * n + i) * d;                                                     \
+            const T g = (T)gs[b * n + i], gsi = (T)(gs[b * n + i] * s[b * n + i]);             \
+            for (long c = 0; c < d; ++c) dqi[c] = 0;                                           \
+            for (long j = 0; j <= i; ++j) {                                                    \
+                const T dz = row[j] * ((j < i ? g : (T)0) - gsi);                              \
+                const T* kj = kb + j * d; T* dkj = dkb + j * d;                                \
+                _Pragma("omp simd")                                                            \
+                for (long c = 0; c < d; ++c) { dqi[c] += dz * kj[c]; dkj[c] += dz * qi[c]; }   \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+void causal_head_forward_##SUF(const T* RESTRICT q, const T* RESTRICT k, T* RESTRICT A,        \
+                               double* RESTRICT s, long B, long n, long d, double scale) {     \
+    const long np = (n + JB - 1) / JB * JB;                                                    \
+    T* kt = (T*)malloc(sizeof(T) * np * (d + 1));                                              \
+    if (!kt) return;                                                                           \
+    if (d == 16) causal_head_forward_body_##SUF(q, k, A, s, B, n, 16, scale, kt, kt + np * 16); \
+    else causal_head_forward_body_##SUF(q, k, A, s, B, n, d, scale, kt, kt + np * d);          \
+    free(kt);                                                                                  \
+}                                                                                              \
+void causal_head_backward_##SUF(const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT A, \
+                                const double* RESTRICT gs, const double* RESTRICT s,          \
+                                T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d) {     \
+    if (d == 16) { causal_head_backward_body_##SUF(q, k, A, gs, s, dq, dk, B, n, 16); return; }\
+    causal_head_backward_body_##SUF(q, k, A, gs, s, dq, dk, B, n, d);                          \
+}
+
+DEFINE_CAUSAL_HEAD_KERNELS(float, f32)
+DEFINE_CAUSAL_HEAD_KERNELS(double, f64)
