@@ -302,18 +302,6 @@ static inline __attribute__((always_inline)) void lanes_ut_##SUF(               
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
-/* y[c][l] += sign sum_s z[s][l] U[s][c][l], in place */                                      \
-static inline __attribute__((always_inline)) void lanes_u_add_##SUF(                          \
-        const T* RESTRICT U, const T* RESTRICT z, T* RESTRICT y, T sign, long r, long d) {     \
-    for (long c = 0; c < d; ++c) {                                                             \
-        T* yc = y + c * TK;                                                                    \
-        for (long s = 0; s < r; ++s) {                                                         \
-            const T* u = U + (s * d + c) * TK;                                                 \
-            const T* zs = z + s * TK;                                                          \
-            SIMD_LANES yc[l] += sign * zs[l] * u[l];                                           \
-        }                                                                                      \
-    }                                                                                          \
-}                                                                                              \
 /* y[c][l] = x[c][l] + sign sum_s z[s][l] U[s][c][l] */                                        \
 static inline __attribute__((always_inline)) void lanes_u_##SUF(                              \
         const T* RESTRICT U, const T* RESTRICT z, const T* RESTRICT x, T* RESTRICT y, T sign,  \
