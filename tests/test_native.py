@@ -151,6 +151,17 @@ def test_causal_head_penalty_equals_torch_path(shape: tuple[int, int, int]) -> N
     _assert_same(_both_paths(_causal_head_penalty, [q, k]))
 
 
+def test_causal_head_penalty_with_a_vanished_row_sum_equals_torch_path() -> None:
+    """Row 1 of head 0 puts all its weight on itself (``s_1`` underflows to 0, so ``m = 0``):
+    the kernel's exclusive products must match the PyTorch path's fallback branch."""
+    g = torch.Generator().manual_seed(10)
+    q, k = (torch.randn(2, 9, 4, dtype=DT, generator=g) for _ in range(2))
+    q[0, 1], k[0, 1], k[0, 0] = 60.0, 60.0, -60.0  # z_11 - z_10 = 0.3 * 2 * 4 * 3600
+    s = torch.softmax(0.3 * q[0, 1] @ k[0, :2].T, -1)[0]
+    assert float(s) == 0.0  # the case under test really happens
+    _assert_same(_both_paths(_causal_head_penalty, [q, k]))
+
+
 def test_causal_head_penalty_float32_kernel_matches_float64() -> None:
     """The float build (its own vectorised exp) against the float64 PyTorch path."""
     g = torch.Generator().manual_seed(9)

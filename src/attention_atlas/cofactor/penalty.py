@@ -179,7 +179,9 @@ class CausalHeadPenalty(torch.autograd.Function):
     products, exact where an ``s_k`` vanishes); the softmax's backward for a gradient constant
     along each row's strict lower part, ``dz_ij = A_ij g_i ([j < i] - s_i)``; ``dq = scale dz
     k`` and ``dk = scale dz^T q``. Nothing is factorised and no ``(b, n, n)`` temporary but
-    ``A`` and ``dz`` is made.
+    ``A`` and ``dz`` is made. With the native kernels on (:mod:`attention_atlas.native`) the
+    forward, the loss included, is one kernel call and so is the backward (``dloss/dm`` and the
+    exclusive products by prefix and suffix products, then ``dq`` and ``dk``).
     """
 
     @staticmethod
@@ -187,18 +189,20 @@ class CausalHeadPenalty(torch.autograd.Function):
         ctx: FunctionCtx, q: Tensor, k: Tensor, scale: float, beta: float, eps: float
     ) -> Tensor:  # type: ignore[override]
         b, n, d = q.shape
-        fast = native.active(q, k)  # the native kernel (opt-in): the same maths in one loop
-        if fast:
+        if native.active(q, k):  # the native kernel (opt-in): the same maths, loss included
             q, k = q.contiguous(), k.contiguous()
             A, s = q.new_empty(b, n, n), q.new_empty(b, n, dtype=torch.float64)
-            native.call("causal_head_forward", q, k, A, s, b, n, d, float(scale))
-        else:
-            bias, lower = _causal_masks(n, q.dtype, q.device)
-            A = torch.softmax(torch.baddbmm(bias, q, k.transpose(-2, -1), alpha=scale), -1)
-            s = (A * lower).sum(-1).to(torch.float64)  # (b, n); s_0 = 0
+            loss = q.new_empty(b, dtype=torch.float64)
+            native.call("causal_head_forward", q, k, A, s, loss, b, n, d, scale, beta, eps)
+            ctx.save_for_backward(q, k, A, s)
+            ctx.consts = (scale, beta, eps, True)  # type: ignore[attr-defined]
+            return loss
+        bias, lower = _causal_masks(n, q.dtype, q.device)
+        A = torch.softmax(torch.baddbmm(bias, q, k.transpose(-2, -1), alpha=scale), -1)
+        s = (A * lower).sum(-1).to(torch.float64)  # (b, n); s_0 = 0
         m = s[..., 1:].prod(-1)
         ctx.save_for_backward(q, k, A, s, m)
-        ctx.consts = (scale, beta, eps, fast)  # type: ignore[attr-defined]
+        ctx.consts = (scale, beta, eps, False)  # type: ignore[attr-defined]
         return _loss_of_m(m, n, beta, eps)
 
     @staticmethod
@@ -206,8 +210,14 @@ class CausalHeadPenalty(torch.autograd.Function):
     def backward(
         ctx: FunctionCtx, g: Tensor
     ) -> tuple[Tensor | None, Tensor | None, None, None, None]:  # type: ignore[override]
-        q, k, A, s, m = ctx.saved_tensors  # type: ignore[attr-defined]
         scale, beta, eps, fast = ctx.consts  # type: ignore[attr-defined]
+        if fast:  # dloss/dm, the exclusive products and dq, dk in the kernel
+            q, k, A, s = ctx.saved_tensors  # type: ignore[attr-defined]
+            gq, gk = torch.empty_like(q), torch.empty_like(k)
+            native.call("causal_head_backward", q, k, A, g.to(torch.float64).contiguous(), s,
+                        gq, gk, *q.shape, scale, beta, eps)  # fmt: skip
+            return gq, gk, None, None, None
+        q, k, A, s, m = ctx.saved_tensors  # type: ignore[attr-defined]
         n = A.shape[-1]
         dm = -1.0 / (m + eps)
         if beta:
@@ -222,10 +232,6 @@ class CausalHeadPenalty(torch.autograd.Function):
             dmds = before * after
         # scale * dloss/ds_i, (b, n); row 0 gets 0 (s_0 = 0 and [j < 0] is empty, so dz_0 = 0)
         gs = F.pad((g * dm * scale).unsqueeze(-1) * dmds, (1, 0))
-        if fast:
-            gq, gk = torch.empty_like(q), torch.empty_like(k)
-            native.call("causal_head_backward", q, k, A, gs.contiguous(), s, gq, gk, *q.shape)
-            return gq, gk, None, None, None
         lower = _causal_masks(n, A.dtype, A.device)[1]
         # dz_ij = A_ij g_i ([j < i] - s_i), scaled
         dz = (lower * gs.to(A.dtype).unsqueeze(-1)).sub_((gs * s).to(A.dtype).unsqueeze(-1))

@@ -139,8 +139,8 @@ _SIGNATURES = {
     "skew_backward": "pppppppnnnn",
     "gram_forward": "pppppnnnn",
     "gram_backward": "ppppppnnnn",
-    "causal_head_forward": "ppppnnnf",
-    "causal_head_backward": "pppppppnnn",
+    "causal_head_forward": "pppppnnnfff",
+    "causal_head_backward": "pppppppnnnfff",
 }
 _CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
 #: the largest metric or factor rank the kernels take (RMAX in kernels.c)

@@ -693,11 +693,27 @@ DEFINE_TOKEN_KERNELS(double, f64)
 
 /* ---- the closed-form penalty of causal dot-product heads (cofactor.penalty.CausalHeadPenalty)
  * q, k (B, n, d); z_ij = scale q_i . k_j for j <= i; A (B, n, n) its row softmax, 0 above the
- * diagonal; s (B, n, double) s_i = sum_{j<i} A_ij (positive terms, summed in double).
- * Backward: gs (B, n, double) the scaled dloss/ds_i; dz_ij = A_ij gs_i ([j < i] - s_i) for
- * j <= i; dq_i = sum_j dz_ij k_j, dk_j = sum_i dz_ij q_i (dq, dk (B, n, d), overwritten).
+ * diagonal; s (B, n, double) s_i = sum_{j<i} A_ij (positive terms, summed in double); loss (B,
+ * double) the penalty of each head from m = prod_{i>=1} s_i (causal_head_loss).
+ * Backward: g (B, double) dloss_b; gs_i = scale g dloss/dm dm/ds_i (dm/ds_i the exclusive
+ * product of the other s_k, by prefix and suffix products: exact where an s_k vanishes);
+ * dz_ij = A_ij gs_i ([j < i] - s_i) for j <= i; dq_i = sum_j dz_ij k_j, dk_j = sum_i dz_ij
+ * q_i (dq, dk (B, n, d), overwritten).
  * The forward runs over blocks of JB contiguous j (each matrix's keys staged transposed,
  * (d, n) padded to a multiple of JB), the logits of a block in registers. */
+
+/* -log(m + eps) + beta KL(u || p), p = (m + eps, eps, ..., eps) (cofactor.penalty._loss_of_m),
+ * and its derivative in m (*dm) */
+static double causal_head_loss(double m, long n, double beta, double eps, double* dm) {
+    double loss = -log(m + eps);
+    *dm = -1.0 / (m + eps);
+    if (beta != 0.0) {
+        const double cst = (double)(n - 1) / (double)n * log(eps) + log((double)n);
+        loss += beta * (log(m + (double)n * eps) - log(m + eps) / (double)n - cst);
+        *dm += beta * (1.0 / (m + (double)n * eps) - 1.0 / ((double)n * (m + eps)));
+    }
+    return loss;
+}
 
 /* exp(x) for x <= 0 in float, vectorisable (Cephes' expf: Cody-Waite reduction by ln 2 and a
  * degree-6 polynomial, a few ulp); 0 below -87 (exp(-87) ~ 1.6e-38, near the smallest normal
@@ -721,7 +737,8 @@ static inline double exp_nonpositive_f64(double x) { return exp(x); }
 #define DEFINE_CAUSAL_HEAD_KERNELS(T, SUF)                                                     \
 static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF(              \
     const T* RESTRICT q, const T* RESTRICT k, T* RESTRICT A, double* RESTRICT s, long B,      \
-    long n, long d, double scale, T* RESTRICT kt, T* RESTRICT zrow) {                          \
+    double* RESTRICT loss, long n, long d, double scale, double beta, double eps,             \
+    T* RESTRICT kt, T* RESTRICT zrow) {                                                        \
     const T sc = (T)scale;                                                                     \
     const long np = (n + JB - 1) / JB * JB;                                                    \
     for (long b = 0; b < B; ++b) {                                                             \
@@ -756,21 +773,35 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
             memset(row + m, 0, sizeof(T) * (n - m));                                           \
             s[b * n + i] = lower / total;                                                      \
         }                                                                                      \
+        double m = 1.0, dm;                                                                    \
+        for (long i = 1; i < n; ++i) m *= s[b * n + i];                                        \
+        loss[b] = causal_head_loss(m, n, beta, eps, &dm);                                      \
     }                                                                                          \
 }                                                                                              \
 static inline __attribute__((always_inline)) void causal_head_backward_body_##SUF(             \
-    const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT A, const double* RESTRICT gs, \
-    const double* RESTRICT s, T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d) {      \
+    const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT A, const double* RESTRICT g,  \
+    const double* RESTRICT s, T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d,         \
+    double scale, double beta, double eps, double* RESTRICT gs, double* RESTRICT after) {     \
     memset(dk, 0, sizeof(T) * B * n * d);                                                      \
     for (long b = 0; b < B; ++b) {                                                             \
         const T* qb = q + b * n * d; const T* kb = k + b * n * d; T* dkb = dk + b * n * d;     \
+        const double* sb = s + b * n;                                                          \
+        double m = 1.0, dm;                                                                    \
+        for (long i = 1; i < n; ++i) m *= sb[i];                                               \
+        causal_head_loss(m, n, beta, eps, &dm);                                                \
+        after[n - 1] = 1.0; /* after_i = prod_{k > i} s_k */                                   \
+        for (long i = n - 1; i > 1; --i) after[i - 1] = after[i] * sb[i];                      \
+        const double c = g[b] * dm * scale;                                                    \
+        double before = 1.0; /* prod_{1 <= k < i} s_k */                                       \
+        gs[0] = 0.0;                                                                           \
+        for (long i = 1; i < n; ++i) { gs[i] = c * before * after[i]; before *= sb[i]; }       \
         for (long i = 0; i < n; ++i) {                                                         \
             const T* qi = qb + i * d; const T* row = A + (b * n + i) * n;                      \
             T* dqi = dq + (b * n + i) * d;                                                     \
-            const T g = (T)gs[b * n + i], gsi = (T)(gs[b * n + i] * s[b * n + i]);             \
+            const T gi = (T)gs[i], gsi = (T)(gs[i] * sb[i]);                                   \
             for (long c = 0; c < d; ++c) dqi[c] = 0;                                           \
             for (long j = 0; j <= i; ++j) {                                                    \
-                const T dz = row[j] * ((j < i ? g : (T)0) - gsi);                              \
+                const T dz = row[j] * ((j < i ? gi : (T)0) - gsi);                             \
                 const T* kj = kb + j * d; T* dkj = dkb + j * d;                                \
                 _Pragma("omp simd")                                                            \
                 for (long c = 0; c < d; ++c) { dqi[c] += dz * kj[c]; dkj[c] += dz * qi[c]; }   \
@@ -779,19 +810,26 @@ static inline __attribute__((always_inline)) void causal_head_backward_body_##SU
     }                                                                                          \
 }                                                                                              \
 void causal_head_forward_##SUF(const T* RESTRICT q, const T* RESTRICT k, T* RESTRICT A,        \
-                               double* RESTRICT s, long B, long n, long d, double scale) {     \
+                               double* RESTRICT s, double* RESTRICT loss, long B, long n,      \
+                               long d, double scale, double beta, double eps) {               \
     const long np = (n + JB - 1) / JB * JB;                                                    \
     T* kt = (T*)malloc(sizeof(T) * np * (d + 1));                                              \
     if (!kt) return;                                                                           \
-    if (d == 16) causal_head_forward_body_##SUF(q, k, A, s, B, n, 16, scale, kt, kt + np * 16); \
-    else causal_head_forward_body_##SUF(q, k, A, s, B, n, d, scale, kt, kt + np * d);          \
+    if (d == 16)                                                                               \
+        causal_head_forward_body_##SUF(q, k, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16); \
+    else causal_head_forward_body_##SUF(q, k, A, s, B, loss, n, d, scale, beta, eps, kt, kt + np * d); \
     free(kt);                                                                                  \
 }                                                                                              \
 void causal_head_backward_##SUF(const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT A, \
-                                const double* RESTRICT gs, const double* RESTRICT s,          \
-                                T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d) {     \
-    if (d == 16) { causal_head_backward_body_##SUF(q, k, A, gs, s, dq, dk, B, n, 16); return; }\
-    causal_head_backward_body_##SUF(q, k, A, gs, s, dq, dk, B, n, d);                          \
+                                const double* RESTRICT g, const double* RESTRICT s,           \
+                                T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d,        \
+                                double scale, double beta, double eps) {                      \
+    double* tmp = (double*)malloc(sizeof(double) * 2 * n);                                     \
+    if (!tmp) return;                                                                          \
+    if (d == 16)                                                                               \
+        causal_head_backward_body_##SUF(q, k, A, g, s, dq, dk, B, n, 16, scale, beta, eps, tmp, tmp + n); \
+    else causal_head_backward_body_##SUF(q, k, A, g, s, dq, dk, B, n, d, scale, beta, eps, tmp, tmp + n); \
+    free(tmp);                                                                                 \
 }
 
 DEFINE_CAUSAL_HEAD_KERNELS(float, f32)
