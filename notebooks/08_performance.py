@@ -258,6 +258,36 @@ if cframes:
 viz.markdown(perf.compile_sentence(cframes))
 
 # %% [markdown]
+# ## Native CPU kernels
+#
+# `TrainConfig(native=True)` (`-o native=true`, `sweep ... --native`) runs the steps of the
+# Riemannian attention, the Fiber Bundle Transformer and the cofactor regulariser's causal heads
+# through the library's own C kernels (`attention_atlas.native`: compiled on first use with the
+# system's compiler, equal to the PyTorch path in float64 and gradchecked, the PyTorch path
+# wherever they do not apply). The records below time each such step beside its eager step and
+# the eager dot-product step, in the same interleaved rounds (`bench --train --native`), where
+# they are stored; the quartiles are those of the per-round ratios.
+
+# %%
+natives = {
+    shape: rec
+    for shape in ("book", "long")
+    if (rec := records.get(f"train-{shape}-native", {}).get("cpu")) is not None
+}
+nframes = {shape: perf.native_frame(rec) for shape, rec in natives.items()}
+for shape, rec in natives.items():
+    print(f"{shape} {rec['sizes']}: {perf.provenance_text(rec)}")
+    display(nframes[shape].round(2).rename_axis(f"{shape} shape"))
+if nframes:
+    viz.show(perf.native_figure(nframes))
+viz.markdown(perf.native_sentence(nframes))
+viz.markdown(
+    perf.regularizer_sentence(
+        {s: perf.regularizer_share(r, native=True) for s, r in natives.items()}
+    ).replace("The cofactor regulariser", "With the native kernels, the cofactor regulariser")
+)
+
+# %% [markdown]
 # ## Where a step goes
 #
 # A profile of a few steps of each variant (`torch.profiler`) splits its time into phases:

@@ -127,7 +127,7 @@ def test_regularizer_share_is_the_step_excess_over_dot_and_the_profiled_phase():
 def test_loader_shows_gpu_records_beside_cpu_ones(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(tmp_path))
     names = [perf.KERNEL_RECORD, "train-book", "train-long", "train-book-compiled",
-             "train-long-compiled"]  # fmt: skip
+             "train-long-compiled", "train-book-native", "train-long-native"]  # fmt: skip
     assert perf.load_records() == {name: {} for name in names}
     for device in ("cpu", "cuda"):
         rec = bench_records.stamp(_kernels(device), started=0.0, command="bench --lengths")
@@ -135,3 +135,34 @@ def test_loader_shows_gpu_records_beside_cpu_ones(tmp_path, monkeypatch):
     records = perf.load_records()
     assert perf.stored_kinds(records, perf.KERNEL_RECORD) == ["cpu", "cuda"]
     assert records[perf.KERNEL_RECORD]["cuda"]["device"] == "cuda"
+
+
+def test_native_frame_and_sentence_read_the_native_steps_and_their_regularizer_share():
+    rec = _train({"dot": 1.0, "matroidal": 1.2, "fiber_bundle": 4.0, "cofactor": 1.1},
+                 {"dot": 1.0, "matroidal": 1.0, "fiber_bundle": 2.5, "cofactor": 1.02})  # fmt: skip
+    native = {"fiber_bundle": (2.9, 2.7, 3.2), "cofactor": (1.04, 1.02, 1.08)}
+    for v, (med, lo, hi) in native.items():
+        r = rec["results"][v]
+        r["native"] = {"median_s": 0.01 * med, "ratio_median": med, "ratio_q25": lo, "ratio_q75": hi}
+        r["native_speedup"] = r["step"]["median_s"] / r["native"]["median_s"]
+        r["native_phases"] = {"regularizer/cofactor": {"share": 0.03, "forward_flops": 1,
+                                                       "backward_flops": 1}}  # fmt: skip
+    f = perf.native_frame(rec)
+    assert list(f.index) == ["fiber_bundle", "cofactor"]  # only the variants run natively
+    assert f.loc["fiber_bundle", "speed-up"] == pytest.approx(4.0 / 2.9)
+    assert f.loc["fiber_bundle", "FLOP ratio"] == pytest.approx(2.5)
+    assert f["met"].tolist() == [True, True]
+    text = perf.native_sentence({"book": f})
+    assert "fiber_bundle 2.90x (quartiles 2.70 to 3.20; eager 4.00x; FLOPs 2.50x): goal (3) met" in text
+    assert "No training-step record" in perf.native_sentence({})
+    assert len(perf.native_figure({"book": f}).data) == 3
+    share = perf.regularizer_share(rec, native=True)
+    assert share is not None and share["timed"] == pytest.approx(1 - 1 / 1.04)
+    assert share["timed_high"] == pytest.approx(1 - 1 / 1.08) and share["profiled"] == 0.03
+    assert perf.regularizer_share(rec) is None  # the eager profile has no regulariser phase here
+    assert share["flops"] == pytest.approx(2 / 1.02e9)  # no eager phase: the native one's count
+    rec["results"]["cofactor"]["phases"]["regularizer/cofactor"] = {
+        "share": 0.07, "forward_flops": 4e6, "backward_flops": 6e6}  # fmt: skip
+    assert perf.regularizer_share(rec, native=True)["flops"] == pytest.approx(1e7 / 1.02e9)
+    del rec["results"]["cofactor"]["native"]
+    assert perf.regularizer_share(rec, native=True) is None

@@ -78,6 +78,8 @@ def load_records(
         "train-long",
         "train-book-compiled",
         "train-long-compiled",
+        "train-book-native",
+        "train-long-native",
     ),
 ) -> dict[str, dict[str, Any]]:
     """``{name: {kind: record}}`` for every stored record of ``names`` (kinds ``cpu``, ``cuda``)."""
@@ -328,7 +330,8 @@ def goal_sentence(g: pd.DataFrame, shape: str) -> str:
 
 
 def regularizer_share(
-    record: dict[str, Any], variant: str = "cofactor", phase: str = "regularizer/cofactor"
+    record: dict[str, Any], variant: str = "cofactor", phase: str = "regularizer/cofactor",
+    *, native: bool = False,
 ) -> dict[str, float] | None:
     """The share of ``variant``'s training step that its regulariser takes, from a
     :func:`~attention_atlas.bench_train.bench_train` record, two ways: ``timed``, the step's
@@ -336,17 +339,23 @@ def regularizer_share(
     ``timed_high`` from the ratio's quartiles), and ``profiled``, the regulariser phase's share
     of the profiled step; with ``flops``, the phase's counted FLOPs over the step's (the share it
     would take at the model's FLOP rate) and the ``goal``. None when the record has no
-    ``variant`` or no ``phase`` (a live run of other variants)."""
+    ``variant`` or no ``phase`` (a live run of other variants). With ``native``, the same
+    from the step with the native kernels (``bench --train --native``: its timing, over the
+    eager dot-product step of the same rounds, and its profile, with the FLOPs counted in the
+    eager profile: a counter cannot see into a native kernel); None where it was not run."""
     res = record["results"].get(variant)
-    if res is None or phase not in res.get("phases", {}):
+    timing, phases = ("native", "native_phases") if native else ("step", "phases")
+    if res is None or timing not in res or phase not in res.get(phases, {}):
         return None
-    t, p = res["step"], res["phases"][phase]
+    t, p = res[timing], res[phases][phase]
+    counted = res.get("phases", {}).get(phase, p)  # the native kernels' FLOPs are the eager ones'
+    flops = counted["forward_flops"] + counted["backward_flops"]
     return {
         "timed": 1.0 - 1.0 / t["ratio_median"],
         "timed_low": 1.0 - 1.0 / t["ratio_q25"],
         "timed_high": 1.0 - 1.0 / t["ratio_q75"],
         "profiled": float(p["share"]),
-        "flops": (p["forward_flops"] + p["backward_flops"]) / step_flops(res),
+        "flops": flops / step_flops(res),
         "goal": REGULARIZER_SHARE_GOAL,
     }
 
@@ -391,15 +400,69 @@ def compile_frame(record: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("variant")
 
 
+def _eager_and_other_bars(frames: dict[str, pd.DataFrame], col: str, label: str,
+                          title: str) -> go.Figure:  # fmt: skip
+    """Bars of each variant's eager step (``eager / dot``) and of ``col``, one group per shape,
+    with the goals as markers."""
+    fig = go.Figure()
+    for shape, df in frames.items():
+        for c, name in (("eager / dot", "eager"), (col, label)):
+            fig.add_trace(go.Bar(x=df.index, y=df[c], name=f"{name}, {shape}"))
+    return _with_goals(fig, frames, "ratio to the eager dot-product step", title)
+
+
 def compile_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
     """Each variant's step over the eager dot-product step, eager and compiled, one group per
     shape (``{shape: compile_frame}``), with the goals as markers."""
-    fig = go.Figure()
-    for shape, df in frames.items():
-        for col, label in (("eager / dot", "eager"), ("compiled / eager dot", "compiled")):
-            fig.add_trace(go.Bar(x=df.index, y=df[col], name=f"{label}, {shape}"))
-    return _with_goals(fig, frames, "ratio to the eager dot-product step",
-                       "Training steps, eager and through torch.compile")  # fmt: skip
+    return _eager_and_other_bars(frames, "compiled / eager dot", "compiled",
+                                 "Training steps, eager and through torch.compile")  # fmt: skip
+
+
+def native_frame(record: dict[str, Any]) -> pd.DataFrame:
+    """One row per variant of a ``bench --train --native`` record that ran with the native
+    kernels: the eager and the native step (ms, medians of the same interleaved rounds), the
+    speed-up, each over the eager dot-product step (median and quartiles of the per-round
+    ratios), the FLOP ratio to dot, the goal and whether the native step meets it."""
+    res = record["results"]
+    dot_flops = step_flops(res["dot"])
+    rows = []
+    for v, r in res.items():
+        if "native" not in r:
+            continue
+        e, n = r["step"], r["native"]
+        goal = GOALS.get(v, GOALS["default"])
+        rows.append({
+            "variant": v, "eager ms": 1e3 * e["median_s"], "native ms": 1e3 * n["median_s"],
+            "speed-up": r["native_speedup"], "eager / dot": e["ratio_median"],
+            "native / dot": n["ratio_median"], "native q25": n["ratio_q25"],
+            "native q75": n["ratio_q75"], "FLOP ratio": step_flops(r) / dot_flops,
+            "goal": goal, "met": n["ratio_median"] <= goal,
+        })  # fmt: skip
+    return pd.DataFrame(rows).set_index("variant")
+
+
+def native_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
+    """Each variant's step over the eager dot-product step, eager and with the native kernels,
+    one group per shape (``{shape: native_frame}``), with the goals as markers."""
+    return _eager_and_other_bars(frames, "native / dot", "native kernels",
+                                 "Training steps, eager and with the native CPU kernels")  # fmt: skip
+
+
+def native_sentence(frames: dict[str, pd.DataFrame]) -> str:
+    """:func:`native_frame` per shape (``{shape: frame}``) in words: each variant's native step
+    against its goal, its quartiles and the floor its FLOPs set."""
+    if not frames:
+        return "No training-step record with the native kernels is stored."
+    parts = []
+    for shape, f in frames.items():
+        items = [
+            f"{v} {row['native / dot']:.2f}x (quartiles {row['native q25']:.2f} to "
+            f"{row['native q75']:.2f}; eager {row['eager / dot']:.2f}x; FLOPs "
+            f"{row['FLOP ratio']:.2f}x): goal ({row['goal']:g}) {'met' if row['met'] else 'not met'}"
+            for v, row in f.iterrows()
+        ]
+        parts.append(f"at the {shape} shape " + "; ".join(items))
+    return "With the native kernels, in eager dot-product steps: " + "; ".join(parts) + "."
 
 
 def compile_sentence(frames: dict[str, pd.DataFrame]) -> str:
