@@ -244,14 +244,10 @@ viz.markdown(perf.regularizer_sentence({s: perf.regularizer_share(r) for s, r in
 # (`bench --train --compile`), where they are stored.
 
 # %%
-compiled = {
-    shape: rec
-    for shape in ("book", "long")
-    if (rec := records.get(f"train-{shape}-compiled", {}).get("cpu")) is not None
-}
+compiled = perf.stored_train(records, "compiled")
 cframes = {shape: perf.compile_frame(rec) for shape, rec in compiled.items()}
 for shape, rec in compiled.items():
-    print(f"{shape} {rec['sizes']}: {perf.provenance_text(rec)}")
+    print(perf.record_caption(rec))
     display(cframes[shape].round(2).rename_axis(f"{shape} shape"))
 if cframes:
     viz.show(perf.compile_figure(cframes))
@@ -269,22 +265,17 @@ viz.markdown(perf.compile_sentence(cframes))
 # they are stored; the quartiles are those of the per-round ratios.
 
 # %%
-natives = {
-    shape: rec
-    for shape in ("book", "long")
-    if (rec := records.get(f"train-{shape}-native", {}).get("cpu")) is not None
-}
+natives = perf.stored_train(records, "native")
 nframes = {shape: perf.native_frame(rec) for shape, rec in natives.items()}
 for shape, rec in natives.items():
-    print(f"{shape} {rec['sizes']}: {perf.provenance_text(rec)}")
+    print(perf.record_caption(rec))
     display(nframes[shape].round(2).rename_axis(f"{shape} shape"))
 if nframes:
     viz.show(perf.native_figure(nframes))
 viz.markdown(perf.native_sentence(nframes))
+native_shares = {s: perf.regularizer_share(r, native=True) for s, r in natives.items()}
 viz.markdown(
-    perf.regularizer_sentence(
-        {s: perf.regularizer_share(r, native=True) for s, r in natives.items()}
-    ).replace("The cofactor regulariser", "With the native kernels, the cofactor regulariser")
+    perf.regularizer_sentence(native_shares, "With the native kernels, the cofactor regulariser")
 )
 
 # %% [markdown]

@@ -143,7 +143,12 @@ def test_native_frame_and_sentence_read_the_native_steps_and_their_regularizer_s
     native = {"fiber_bundle": (2.9, 2.7, 3.2), "cofactor": (1.04, 1.02, 1.08)}
     for v, (med, lo, hi) in native.items():
         r = rec["results"][v]
-        r["native"] = {"median_s": 0.01 * med, "ratio_median": med, "ratio_q25": lo, "ratio_q75": hi}
+        r["native"] = {
+            "median_s": 0.01 * med,
+            "ratio_median": med,
+            "ratio_q25": lo,
+            "ratio_q75": hi,
+        }
         r["native_speedup"] = r["step"]["median_s"] / r["native"]["median_s"]
         r["native_phases"] = {"regularizer/cofactor": {"share": 0.03, "forward_flops": 1,
                                                        "backward_flops": 1}}  # fmt: skip
@@ -153,12 +158,20 @@ def test_native_frame_and_sentence_read_the_native_steps_and_their_regularizer_s
     assert f.loc["fiber_bundle", "FLOP ratio"] == pytest.approx(2.5)
     assert f["met"].tolist() == [True, True]
     text = perf.native_sentence({"book": f})
-    assert "fiber_bundle 2.90x (quartiles 2.70 to 3.20; eager 4.00x; FLOPs 2.50x): goal (3) met" in text
+    assert (
+        "fiber_bundle 2.90x (quartiles 2.70 to 3.20; eager 4.00x; FLOPs 2.50x): goal (3) met"
+        in text
+    )
     assert "No training-step record" in perf.native_sentence({})
     assert len(perf.native_figure({"book": f}).data) == 3
     share = perf.regularizer_share(rec, native=True)
     assert share is not None and share["timed"] == pytest.approx(1 - 1 / 1.04)
     assert share["timed_high"] == pytest.approx(1 - 1 / 1.08) and share["profiled"] == 0.03
+    assert perf.regularizer_sentence({"book": share}, "Natively, it").startswith(
+        "Natively, it (goal: at most 5% of a step): at the book shape 3.8% of a step"
+    )
+    assert perf.stored_train({"train-long-native": {"cpu": rec}, "train-book-native": {}},
+                             "native") == {"long": rec}  # fmt: skip
     assert perf.regularizer_share(rec) is None  # the eager profile has no regulariser phase here
     assert share["flops"] == pytest.approx(2 / 1.02e9)  # no eager phase: the native one's count
     rec["results"]["cofactor"]["phases"]["regularizer/cofactor"] = {

@@ -330,8 +330,11 @@ def goal_sentence(g: pd.DataFrame, shape: str) -> str:
 
 
 def regularizer_share(
-    record: dict[str, Any], variant: str = "cofactor", phase: str = "regularizer/cofactor",
-    *, native: bool = False,
+    record: dict[str, Any],
+    variant: str = "cofactor",
+    phase: str = "regularizer/cofactor",
+    *,
+    native: bool = False,
 ) -> dict[str, float] | None:
     """The share of ``variant``'s training step that its regulariser takes, from a
     :func:`~attention_atlas.bench_train.bench_train` record, two ways: ``timed``, the step's
@@ -360,8 +363,11 @@ def regularizer_share(
     }
 
 
-def regularizer_sentence(shares: dict[str, dict[str, float] | None]) -> str:
-    """:func:`regularizer_share` per shape (``{shape: shares}``) in words, met or not."""
+def regularizer_sentence(
+    shares: dict[str, dict[str, float] | None], subject: str = "The cofactor regulariser"
+) -> str:
+    """:func:`regularizer_share` per shape (``{shape: shares}``) in words, met or not, the
+    sentence opening with ``subject``."""
     parts = [
         f"at the {shape} shape {100 * r['timed']:.1f}% of a step by the side-by-side timing "
         f"(quartiles {100 * r['timed_low']:.1f}% to {100 * r['timed_high']:.1f}%), "
@@ -373,11 +379,7 @@ def regularizer_sentence(shares: dict[str, dict[str, float] | None]) -> str:
     if not parts:
         return "No record here has the cofactor regulariser's step."
     goal = next(r["goal"] for r in shares.values() if r is not None)
-    return (
-        f"The cofactor regulariser (goal: at most {100 * goal:g}% of a step): "
-        + "; ".join(parts)
-        + "."
-    )
+    return f"{subject} (goal: at most {100 * goal:g}% of a step): " + "; ".join(parts) + "."
 
 
 def compile_frame(record: dict[str, Any]) -> pd.DataFrame:
@@ -416,6 +418,20 @@ def compile_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
     shape (``{shape: compile_frame}``), with the goals as markers."""
     return _eager_and_other_bars(frames, "compiled / eager dot", "compiled",
                                  "Training steps, eager and through torch.compile")  # fmt: skip
+
+
+def stored_train(records: dict[str, dict[str, Any]], suffix: str) -> dict[str, dict[str, Any]]:
+    """``{shape: record}`` of the stored CPU training-step records ``train-<shape>-<suffix>``
+    (``compiled``, ``native``) of chapter 4's two shapes, those that are stored."""
+    found = {
+        shape: records.get(f"train-{shape}-{suffix}", {}).get("cpu") for shape in ("book", "long")
+    }
+    return {shape: rec for shape, rec in found.items() if rec is not None}
+
+
+def record_caption(record: dict[str, Any]) -> str:
+    """A training-step record's shape, sizes and provenance, in one line."""
+    return f"{record['shape']} {record['sizes']}: {provenance_text(record)}"
 
 
 def native_frame(record: dict[str, Any]) -> pd.DataFrame:
