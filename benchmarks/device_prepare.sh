@@ -33,4 +33,9 @@ if [ -n "$want" ] && ! ls .whl/pydantic_core-"$want"-* >/dev/null 2>&1; then
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl "pydantic-core==$want"
 fi
+# the commit the records made there will name (the copy sent there has no .git): HEAD, and
+# whether src/, pyproject.toml or requirements.lock differ from it (git_state's rule)
+dirty=0
+[ -n "$(git status --porcelain -- src pyproject.toml requirements.lock)" ] && dirty=1
+echo "$(git rev-parse HEAD) $dirty" > .devdata/git-state
 du -sh .whl .devdata

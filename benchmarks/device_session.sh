@@ -12,7 +12,8 @@
 #               timeout_s=600)
 #
 # Knobs (environment): BUDGET_S (seconds for the whole script, default 540), WORKERS (cells at
-# once, default 8), LENGTHS (the benchmark's lengths), DEVICE (default cuda), PYTHON (default
+# at once on the GPU, default 4), CPU_WORKERS (chapter 5's cells at once on the CPU, default
+# 8), LENGTHS (the benchmark's lengths), DEVICE (default cuda), PYTHON (default
 # python3), NO_WHEELS=1 (use the installed packages), STEPS_ONLY=1 (kernels only). A rehearsal
 # on a CPU: DEVICE=cpu NO_WHEELS=1 PYTHON=.venv/bin/python LENGTHS="256" BUDGET_S=120 \
 #   SMOKE=1 bash benchmarks/device_session.sh   (smoke grids into a scratch store)
@@ -30,15 +31,22 @@ else
     export PYTHONPATH=$root/src
 fi
 export ATTENTION_ATLAS_DATA=${ATTENTION_ATLAS_DATA:-$root/.devdata} PYTHONUNBUFFERED=1
+# the copy there has no .git: the records' commit comes from what device_prepare.sh read here
+if [ ! -e .git ] && [ -f .devdata/git-state ]; then
+    read -r ATTENTION_ATLAS_GIT_COMMIT ATTENTION_ATLAS_GIT_DIRTY < .devdata/git-state
+    export ATTENTION_ATLAS_GIT_COMMIT ATTENTION_ATLAS_GIT_DIRTY
+fi
 DEVICE=${DEVICE:-cuda}
-WORKERS=${WORKERS:-8}
+WORKERS=${WORKERS:-4}
+CPU_WORKERS=${CPU_WORKERS:-8}
 LENGTHS=${LENGTHS:-256 512 1024 2048 4096 8192 16384}
 BUDGET=${BUDGET_S:-540}
 if [ -n "${SMOKE:-}" ]; then  # a rehearsal: smoke grids, a scratch results store, one
     export ATTENTION_ATLAS_RESULTS=$OUT/store  # variant's training step at the book shape
-    PRESET=smoke TRAIN_SHAPES=book TRAIN_VARIANTS=cofactor TRAIN_REPS=1 TRAIN_MIN_LEFT=60
+    PRESET=smoke MATROIDAL_SEEDS="0 1 2 3 4" TRAIN_SHAPES=book TRAIN_VARIANTS=cofactor TRAIN_REPS=1 TRAIN_MIN_LEFT=60
 else
-    PRESET=long TRAIN_SHAPES="book long" TRAIN_VARIANTS="" TRAIN_REPS=5 TRAIN_MIN_LEFT=240
+    # chapter 5's long grid is complete at seeds 17 to 19: on downwards from 16
+    PRESET=long MATROIDAL_SEEDS=${MATROIDAL_SEEDS:-"16 15 14 13 12 11 10"} TRAIN_SHAPES="book long" TRAIN_VARIANTS="" TRAIN_REPS=5 TRAIN_MIN_LEFT=240
 fi
 store=${ATTENTION_ATLAS_RESULTS:-$root/results}
 t0=$(date +%s)
@@ -61,18 +69,27 @@ for shape in $TRAIN_SHAPES; do
         || echo "device_session: bench --train $shape stopped ($?)" >> "$OUT/bench-train.txt"
 done
 grep -E "^(training|variant|[a-z_]+ +[0-9])|device_session" "$OUT/bench-train.txt" | tail -20
-# 2. the long grids' cells, Fiber Bundle arms first; a finished cell is a record, a stopped one
-#    leaves none (the next run resumes it)
+# 2. the long grids' cells at once: chapter 4's Fiber Bundle arms on the GPU (WORKERS cells at
+#    a time: few enough that each runs at its own launch-bound speed and finishes inside the
+#    budget), chapter 5's on the spare CPU cores (CPU_WORKERS, the GPU hidden). A finished cell
+#    is a record; a stopped one leaves none (the next run resumes it)
 fbt="fbt fbt_reg-none fbt_noise fbt_reg-l2 fbt_alpha-0 fbt_rank-1 fbt_rank-8 fbt_kappa-0.1 fbt_kappa-10"
 [ -n "${SMOKE:-}" ] && fbt="fbt fbt_reg-none"  # the smoke grid has fewer arms
-if [ -z "${STEPS_ONLY:-}" ]; then
-    for grid in "fiber-bundle --only $fbt --seeds 0 1 2 3 4" "matroidal --seeds 0 1 2 3 4"; do
-        [ "$(left)" -gt 90 ] || break
-        timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep $grid --preset "$PRESET" \
-            --workers "$WORKERS" --no-progress >> "$OUT/sweep.txt" 2>&1
-        echo "device_session: sweep ${grid%% *} ended ($?)" >> "$OUT/sweep.txt"
-    done
-    grep -E "^\[sweep\]|device_session" "$OUT/sweep.txt" | tail -20
+if [ -z "${STEPS_ONLY:-}" ] && [ "$(left)" -gt 90 ]; then
+    stop=$(($(left) - 45))
+    (for seed in $MATROIDAL_SEEDS; do  # one seed of every configuration at a time
+        [ "$(left)" -gt 60 ] || break
+        CUDA_VISIBLE_DEVICES="" timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep \
+            matroidal --seeds $seed --preset "$PRESET" --workers "$CPU_WORKERS" --no-progress \
+            >> "$OUT/sweep-cpu.txt" 2>&1
+        echo "device_session: sweep matroidal seed $seed ended ($?)" >> "$OUT/sweep-cpu.txt"
+    done) &
+    timeout $stop "$PY" -m attention_atlas sweep fiber-bundle --only $fbt --seeds 0 1 2 3 4 \
+        --preset "$PRESET" --workers "$WORKERS" --no-progress >> "$OUT/sweep.txt" 2>&1
+    echo "device_session: sweep fiber-bundle ended ($?)" >> "$OUT/sweep.txt"
+    wait
+    cat "$OUT/sweep-cpu.txt" >> "$OUT/sweep.txt" && rm "$OUT/sweep-cpu.txt"
+    grep -E "^\[sweep\]|device_session" "$OUT/sweep.txt" | tail -30
 fi
 # 3. everything the store gained, as one file
 (cd "$store/.." && tar czf "$OUT/results.tgz" --exclude='*.lock' --exclude='.*.tmp' --exclude='.checkpoints' \

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 )
 def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "SMOKE": "1", "DEVICE": "cpu", "NO_WHEELS": "1", "PYTHON": sys.executable,
-           "LENGTHS": "256", "BUDGET_S": "300", "WORKERS": "1", "OUT": str(tmp_path),
+           "LENGTHS": "256", "BUDGET_S": "300", "WORKERS": "1", "CPU_WORKERS": "1", "OUT": str(tmp_path),
            "ATTENTION_ATLAS_DATA": str(SHARED)}  # fmt: skip
     env.pop("ATTENTION_ATLAS_RESULTS", None)
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "device_session.sh")], env=env,
@@ -38,4 +38,7 @@ def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
         assert all(any(Path(c).name.startswith(a) for c in cells) for a in arms)
     assert not any(n.endswith(".lock") for n in names)
     sweep_log = (tmp_path / "sweep.txt").read_text()
-    assert "sweep fiber-bundle ended (0)" in sweep_log and "sweep matroidal ended (0)" in sweep_log
+    assert (
+        "sweep fiber-bundle ended (0)" in sweep_log
+        and "sweep matroidal seed 4 ended (0)" in sweep_log
+    )

@@ -274,3 +274,23 @@ def test_costs_are_compared_by_cpu_time_where_every_cell_has_it() -> None:
     older = both.assign(train_cpu_s=[2.9, float("nan")])  # a cell stored before CPU times
     assert time_column(older) == ("train_time_s", "training time (s)")
     assert time_column(both.drop(columns="train_cpu_s"))[0] == "train_time_s"
+
+
+def test_git_state_outside_a_checkout_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ATTENTION_ATLAS_GIT_COMMIT", raising=False)
+    monkeypatch.delenv("ATTENTION_ATLAS_GIT_DIRTY", raising=False)
+    assert git_state(tmp_path) == {"git_commit": None, "git_dirty": None}
+    monkeypatch.setenv("ATTENTION_ATLAS_GIT_COMMIT", "ab" * 20)
+    monkeypatch.setenv("ATTENTION_ATLAS_GIT_DIRTY", "1")
+    assert git_state(tmp_path) == {"git_commit": "ab" * 20, "git_dirty": True}
+    monkeypatch.setenv("ATTENTION_ATLAS_GIT_DIRTY", "0")
+    assert git_state(tmp_path)["git_dirty"] is False
+    monkeypatch.setenv("ATTENTION_ATLAS_GIT_COMMIT", "HEAD")
+    with pytest.raises(ValueError, match="expected 40 hex digits, got 'HEAD'"):
+        git_state(tmp_path)
+    monkeypatch.setenv("ATTENTION_ATLAS_GIT_COMMIT", "ab" * 20)
+    monkeypatch.setenv("ATTENTION_ATLAS_GIT_DIRTY", "yes")
+    with pytest.raises(ValueError, match="expected 0 or 1, got 'yes'"):
+        git_state(tmp_path)

@@ -56,12 +56,29 @@ def environment(*, used_cuda: bool) -> dict[str, Any]:
     }
 
 
+def _git_state_from_environment() -> dict[str, Any]:
+    commit = os.environ.get("ATTENTION_ATLAS_GIT_COMMIT") or None
+    dirty = os.environ.get("ATTENTION_ATLAS_GIT_DIRTY")
+    if commit is not None and (
+        len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit)
+    ):
+        raise ValueError(f"ATTENTION_ATLAS_GIT_COMMIT: expected 40 hex digits, got {commit!r}")
+    if dirty not in (None, "0", "1"):
+        raise ValueError(f"ATTENTION_ATLAS_GIT_DIRTY: expected 0 or 1, got {dirty!r}")
+    return {"git_commit": commit, "git_dirty": None if dirty is None else dirty == "1"}
+
+
 def git_state(repo: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """``git_commit`` (None outside a git checkout) and ``git_dirty`` (uncommitted changes
-    under ``src/``, ``pyproject.toml`` or ``requirements.lock``: what can change a result)."""
+    """``git_commit`` and ``git_dirty`` (uncommitted changes under ``src/``, ``pyproject.toml``
+    or ``requirements.lock``: what can change a result).
+
+    Outside a git checkout (a copy of the working tree without ``.git``, as a lent GPU machine
+    gets) they are read from ``ATTENTION_ATLAS_GIT_COMMIT`` and ``ATTENTION_ATLAS_GIT_DIRTY``
+    (``0``/``1``), which ``benchmarks/device_prepare.sh`` records where git is; both None when
+    unset."""
     root = Path(repo) if repo is not None else Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
-        return {"git_commit": None, "git_dirty": None}
+        return _git_state_from_environment()
 
     def git(*args: str) -> str:
         return subprocess.run(
