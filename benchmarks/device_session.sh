@@ -31,8 +31,9 @@ else
     export PYTHONPATH=$root/src
 fi
 export ATTENTION_ATLAS_DATA=${ATTENTION_ATLAS_DATA:-$root/.devdata} PYTHONUNBUFFERED=1
-# the copy there has no .git: the records' commit comes from what device_prepare.sh read here
-if [ ! -e .git ] && [ -f .devdata/git-state ]; then
+# the copy there has no .git, or a stale one (seen: a commit 16 behind, so "dirty"): the
+# records' commit is what device_prepare.sh read here
+if [ -f .devdata/git-state ]; then
     read -r ATTENTION_ATLAS_GIT_COMMIT ATTENTION_ATLAS_GIT_DIRTY < .devdata/git-state
     export ATTENTION_ATLAS_GIT_COMMIT ATTENTION_ATLAS_GIT_DIRTY
 fi

@@ -111,6 +111,40 @@ def test_kernel_scaling_skips_a_length_whose_extrapolated_time_is_too_long():
     assert bench_scaling._skip_reason("x", 300, last, 1, 1, 4, 10.0, 2**40, results) == ""
 
 
+def test_kernel_scaling_skips_a_length_whose_measured_memory_would_pass_the_cap():
+    results = {"x": {"100": {"forward_backward_s": 1e-3, "peak_memory_bytes": 1000},
+                     "200": {"forward_backward_s": 1e-3, "peak_memory_bytes": 4000}}}  # fmt: skip
+    last = {"x": (200, 1e-3)}
+    # slope 2 from the measured peaks: 4000 x 2^2 = 16000 bytes at L = 400
+    assert "estimated memory" in bench_scaling._skip_reason("x", 400, last, 1, 1, 4, 10.0,
+                                                             15999, results)  # fmt: skip
+    assert bench_scaling._skip_reason("x", 400, last, 1, 1, 4, 10.0, 16001, results) == ""
+
+
+def test_kernel_scaling_drops_the_variant_that_ran_out_of_memory_and_reports_each_length(
+    monkeypatch,
+):
+    real = bench_scaling.bench_attention
+
+    def short_of_memory(run, *args, length, **kw):
+        if length == 32 and "matroidal" in run:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB.")
+        return real(run, *args, length=length, **kw)
+
+    monkeypatch.setattr(bench_scaling, "bench_attention", short_of_memory)
+    seen = []
+    rec = bench_scaling.kernel_scaling(
+        ["euclidean", "matroidal"], [16, 32], batch=1, heads=2, head_dim=8, reps=1, warmup=0,
+        on_length=lambda r: seen.append({v: sorted(by) for v, by in r["results"].items()}),
+    )  # fmt: skip
+    # matroidal's peak at L = 16 is the largest (a metric factor beside the scores), so it goes
+    assert rec["skipped"]["matroidal"]["32"].startswith("out of memory (CUDA out of memory.")
+    assert set(rec["results"]["euclidean"]) == {"16", "32"}
+    assert set(rec["results"]["matroidal"]) == {"16"}
+    assert seen == [{"dot": ["16"], "euclidean": ["16"], "matroidal": ["16"]},
+                    {"dot": ["16", "32"], "euclidean": ["16", "32"], "matroidal": ["16"]}]  # fmt: skip
+
+
 def test_records_are_stored_with_provenance_and_loaded_by_machine_kind(tmp_path):
     rec = bench_records.stamp({"name": "train-book", "device": "cpu", "results": {}},
                               started=0.0, command="python -m attention_atlas bench --train")  # fmt: skip

@@ -276,7 +276,7 @@ def test_costs_are_compared_by_cpu_time_where_every_cell_has_it() -> None:
     assert time_column(both.drop(columns="train_cpu_s"))[0] == "train_time_s"
 
 
-def test_git_state_outside_a_checkout_comes_from_the_environment(
+def test_git_state_told_by_the_environment_wins_over_git(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("ATTENTION_ATLAS_GIT_COMMIT", raising=False)
@@ -287,6 +287,8 @@ def test_git_state_outside_a_checkout_comes_from_the_environment(
     assert git_state(tmp_path) == {"git_commit": "ab" * 20, "git_dirty": True}
     monkeypatch.setenv("ATTENTION_ATLAS_GIT_DIRTY", "0")
     assert git_state(tmp_path)["git_dirty"] is False
+    # set, they win over a checkout's own (a stale .git sent along with a copy)
+    assert git_state() == {"git_commit": "ab" * 20, "git_dirty": False}
     monkeypatch.setenv("ATTENTION_ATLAS_GIT_COMMIT", "HEAD")
     with pytest.raises(ValueError, match="expected 40 hex digits, got 'HEAD'"):
         git_state(tmp_path)

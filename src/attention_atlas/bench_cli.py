@@ -73,7 +73,10 @@ def add_subcommand(subparsers: Any) -> None:
     )
     p.add_argument("--max-call-s", type=float, default=10.0, help="--lengths: skip beyond this")
     p.add_argument(
-        "--max-memory-gib", type=float, default=2.0, help="--lengths: skip beyond this estimate"
+        "--max-memory-gib",
+        type=float,
+        default=None,
+        help="--lengths: skip beyond this estimate (default 2 on a CPU, half a GPU's memory)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument(
@@ -204,12 +207,17 @@ def _cli_record(args: argparse.Namespace) -> int:
     else:
         from .bench_scaling import KERNEL_VARIANTS, kernel_scaling
 
+        def partial(rec: dict[str, Any]) -> None:  # each length stored as it ends
+            store_bench(stamp(rec, started=started), rec["name"])
+
         rec = kernel_scaling(
             args.variants or KERNEL_VARIANTS, args.lengths, batch=args.batch, heads=args.heads,
             head_dim=args.head_dim, causal=not args.no_causal, dtype=getattr(torch, args.dtype),
             device=args.device or "cpu", reps=args.reps, warmup=args.warmup,
-            max_call_s=args.max_call_s, max_memory_bytes=args.max_memory_gib * 2**30,
+            max_call_s=args.max_call_s,
+            max_memory_bytes=None if args.max_memory_gib is None else args.max_memory_gib * 2**30,
             memory=not args.no_memory, log=lambda m: print(m, file=sys.stderr, flush=True),
+            on_length=partial if args.store else None,
         )  # fmt: skip
         text = "\n".join(
             f"{v}: " + ", ".join(f"L={n} {r['forward_backward_ratio']:.2f}x" for n, r in by.items())

@@ -87,12 +87,16 @@ def kernel_scaling(
     reps: int = 3,
     warmup: int = 1,
     max_call_s: float = 10.0,
-    max_memory_bytes: float = 2**31,
+    max_memory_bytes: float | None = None,
     memory: bool = True,
     log: Any = None,
+    on_length: Any = None,
 ) -> dict[str, Any]:
     """Forward and forward+backward time, peak memory and FLOPs of each variant at each length,
-    against SDPA measured side by side.
+    against SDPA measured side by side. ``on_length(record)`` is called with the record so far
+    after each length (the command line stores it, so a run stopped part-way keeps its lengths).
+    A length that runs out of memory is run again without the variant that took the most
+    memory at the previous length (recorded in ``skipped``).
 
     Returns ``{"name": "kernels-<dtype>", "kind": "kernel_scaling", "device", "dtype",
     "threads", "sizes": {batch, heads, head_dim, causal}, "lengths", "matmul_flops_per_s",
@@ -106,9 +110,25 @@ def kernel_scaling(
     names = ["dot", *[v for v in variants if v != "dot"]]
     itemsize = torch.empty((), dtype=dtype).element_size()
     rate = matmul_rate(dtype, dev)
+    if max_memory_bytes is None:  # half the GPU's memory; 2 GiB of a CPU's
+        cuda = dev.type == "cuda"
+        max_memory_bytes = torch.cuda.get_device_properties(dev).total_memory / 2 if cuda else 2**31
     results: dict[str, dict[str, Any]] = {v: {} for v in names}
     skipped: dict[str, dict[str, str]] = {v: {} for v in names}
     last: dict[str, tuple[int, float]] = {}  # variant -> (length, fwd+bwd seconds)
+
+    def record() -> dict[str, Any]:
+        return {
+            "name": f"kernels-{str(dtype).replace('torch.', '')}", "kind": "kernel_scaling",
+            "device": str(dev), "dtype": str(dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads(), "reps": reps, "clock": clock,
+            "lengths": list(lengths),
+            "sizes": {"batch": batch, "heads": heads, "head_dim": head_dim, "causal": causal},
+            "matmul_flops_per_s": rate, "max_call_s": max_call_s,
+            "max_memory_bytes": max_memory_bytes, "seconds": time.time() - t0,
+            "results": results, "skipped": skipped,
+        }  # fmt: skip
+
     for length in lengths:
         run = []
         for v in names:
@@ -120,10 +140,21 @@ def kernel_scaling(
                 run.append(v)
         if "dot" not in run:
             break
-        res = bench_attention(run, "dot", batch=batch, heads=heads, length=length,
-                              head_dim=head_dim, causal=causal, dtype=dtype, device=dev,
-                              reps=reps, warmup=warmup, memory=memory, clock=clock)  # fmt: skip
-        flops = _count(run, batch, heads, length, head_dim, causal, dtype, dev)
+        while True:  # out of memory: drop the variant that took the most at the last length
+            try:
+                res = bench_attention(run, "dot", batch=batch, heads=heads, length=length,
+                                      head_dim=head_dim, causal=causal, dtype=dtype, device=dev,
+                                      reps=reps, warmup=warmup, memory=memory, clock=clock)  # fmt: skip
+                flops = _count(run, batch, heads, length, head_dim, causal, dtype, dev)
+                break
+            except torch.OutOfMemoryError as e:
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                culprit = _largest(run, results)
+                if culprit == "dot":
+                    raise
+                run.remove(culprit)
+                skipped[culprit][str(length)] = f"out of memory ({str(e).splitlines()[0][:80]})"
         for v in run:
             r = res["results"][v]
             fb = r["forward_backward"]["median_s"]
@@ -137,14 +168,21 @@ def kernel_scaling(
         if log is not None:
             log(f"L={length}: " + ", ".join(f"{v} {results[v][str(length)]['forward_backward_ratio']:.2f}x"
                                             for v in run))  # fmt: skip
-    return {
-        "name": f"kernels-{str(dtype).replace('torch.', '')}", "kind": "kernel_scaling",
-        "device": str(dev), "dtype": str(dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(), "reps": reps, "clock": clock, "lengths": list(lengths),
-        "sizes": {"batch": batch, "heads": heads, "head_dim": head_dim, "causal": causal},
-        "matmul_flops_per_s": rate, "max_call_s": max_call_s, "max_memory_bytes": max_memory_bytes,
-        "seconds": time.time() - t0, "results": results, "skipped": skipped,
-    }  # fmt: skip
+        if on_length is not None:
+            on_length(record())
+    return record()
+
+
+def _largest(run: list[str], results: dict[str, Any]) -> str:
+    """The variant of ``run`` (``dot`` last) with the largest peak memory at its last length."""
+
+    def peak(v: str) -> float:
+        by = results[v]
+        last = by[max(by, key=int)] if by else {}
+        return float(last.get("peak_memory_bytes") or 0)
+
+    others = [v for v in run if v != "dot"]
+    return max(others, key=peak) if others else "dot"
 
 
 def _skip_reason(
@@ -152,6 +190,14 @@ def _skip_reason(
     itemsize: int, max_call_s: float, max_memory: float, results: dict[str, Any],
 ) -> str:  # fmt: skip
     mem = _estimated_bytes(v, batch, heads, length, itemsize)
+    peaks = sorted((int(k), r["peak_memory_bytes"]) for k, r in results.get(v, {}).items()
+                   if r.get("peak_memory_bytes"))  # fmt: skip
+    if peaks:  # the measured peak, grown by its own slope so far (at least linear)
+        slope = 1.0
+        if len(peaks) >= 2:
+            (la, ma), (lb, mb) = peaks[-2], peaks[-1]
+            slope = max(1.0, math.log(mb / ma) / math.log(lb / la))
+        mem = max(mem, peaks[-1][1] * (length / peaks[-1][0]) ** slope)
     if mem > max_memory:
         return f"estimated memory {mem / 2**30:.1f} GiB > {max_memory / 2**30:.1f} GiB"
     if v in last:

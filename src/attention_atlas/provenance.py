@@ -72,12 +72,12 @@ def git_state(repo: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """``git_commit`` and ``git_dirty`` (uncommitted changes under ``src/``, ``pyproject.toml``
     or ``requirements.lock``: what can change a result).
 
-    Outside a git checkout (a copy of the working tree without ``.git``, as a lent GPU machine
-    gets) they are read from ``ATTENTION_ATLAS_GIT_COMMIT`` and ``ATTENTION_ATLAS_GIT_DIRTY``
-    (``0``/``1``), which ``benchmarks/device_prepare.sh`` records where git is; both None when
-    unset."""
+    ``ATTENTION_ATLAS_GIT_COMMIT`` and ``ATTENTION_ATLAS_GIT_DIRTY`` (``0``/``1``), when set,
+    are taken instead of asking git: a copy of the working tree sent to another machine (a lent
+    GPU machine) carries no ``.git`` or a stale one, so ``benchmarks/device_prepare.sh`` records
+    them where the true checkout is. Outside a git checkout, without them: both None."""
     root = Path(repo) if repo is not None else Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
+    if os.environ.get("ATTENTION_ATLAS_GIT_COMMIT") or not (root / ".git").exists():
         return _git_state_from_environment()
 
     def git(*args: str) -> str:
