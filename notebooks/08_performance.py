@@ -153,8 +153,11 @@ viz.markdown(
 # %% [markdown]
 # ### On a GPU
 #
-# The same command on a CUDA machine stores its record beside the CPU one
-# (`results/bench/cuda/`); this section shows it when it exists.
+# The same commands on a CUDA machine store their records beside the CPU ones
+# (`results/bench/cuda/`; `benchmarks/device_session.sh` runs them on a lent GPU); this section
+# shows them when they exist: the kernels against SDPA here, the training steps after the CPU's
+# below. On a GPU the clock is the wall clock with the device synchronised, and a kernel of a
+# few small operators is bound by the host's launches, not by arithmetic.
 
 # %%
 gpu = records[perf.KERNEL_RECORD].get("cuda")
@@ -165,8 +168,19 @@ if gpu is None:
     )
 else:
     print(perf.provenance_text(gpu))
-    viz.show(perf.kernel_figure(perf.kernel_frame(gpu), "forward+backward / SDPA",
+    gkf = perf.kernel_frame(gpu)
+    viz.markdown(perf.kernel_sizes_sentence(gpu))
+    viz.show(perf.kernel_figure(gkf, "forward+backward / SDPA",
                                 title="GPU: forward+backward time over SDPA's"))  # fmt: skip
+    gat = gkf[gkf["L"] == gkf.groupby("variant")["L"].transform("max")].set_index("variant")
+    viz.markdown(
+        "On the GPU, at the longest length each reached, the kernels run at "
+        + ", ".join(
+            f"{v} {r['forward+backward / SDPA']:.1f}x (L = {int(r['L'])})"
+            for v, r in gat.iterrows()
+        )
+        + " SDPA's forward+backward time."
+    )
 
 # %% [markdown]
 # ## Exploration: one kernel, live
@@ -227,6 +241,23 @@ for shape, rec in train.items():
     display(g.round(2).rename_axis(f"{shape} shape"))
     viz.markdown(perf.goal_sentence(g, shape))
 viz.markdown(perf.regularizer_sentence({s: perf.regularizer_share(r) for s, r in train.items()}))
+
+# %% [markdown]
+# ### Training steps on a GPU
+#
+# The same training-step benchmark on a GPU (`bench --train --device cuda`), where one has run
+# it: each step timed by the wall clock with the device synchronised, its phases split by the
+# GPU time of their kernels.
+
+# %%
+gpu_train = perf.stored_train(records, kind="cuda")
+gframes = {shape: perf.train_frame(rec) for shape, rec in gpu_train.items()}
+for shape, rec in gpu_train.items():
+    print(perf.record_caption(rec))
+    display(gframes[shape].round(2).rename_axis(f"{shape} shape, GPU"))
+if gframes:
+    viz.show(perf.train_figure(gframes).update_layout(title="GPU: one training step against dot"))
+viz.markdown(perf.device_step_sentence(gpu_train, train))
 
 # %% [markdown]
 # ## Compiled steps

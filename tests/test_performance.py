@@ -179,3 +179,26 @@ def test_native_frame_and_sentence_read_the_native_steps_and_their_regularizer_s
     assert perf.regularizer_share(rec, native=True)["flops"] == pytest.approx(1e7 / 1.02e9)
     del rec["results"]["cofactor"]["native"]
     assert perf.regularizer_share(rec, native=True) is None
+
+
+def test_device_step_sentence_reads_gpu_steps_beside_cpu_ones_and_the_costliest_phases():
+    gpu = _train(
+        {"dot": 1.0, "riemannian": 16.0, "ssm": 2.0}, {"dot": 1, "riemannian": 2, "ssm": 1}
+    )
+    gpu["device"] = "cuda"
+    gpu["results"]["riemannian"]["phases"] = {
+        "geodesic_scores": {"share": 0.75, "forward_flops": 1, "backward_flops": 1},
+        "optimizer": {"share": 0.05, "forward_flops": 0, "backward_flops": 0},
+        "other": {"share": 0.2, "forward_flops": 0, "backward_flops": 0},
+    }
+    cpu = _train({"dot": 1.0, "riemannian": 2.4}, {"dot": 1, "riemannian": 2})
+    records = {"train-long": {"cuda": gpu, "cpu": cpu}, "train-book": {"cpu": cpu}}
+    assert perf.stored_train(records, kind="cuda") == {"long": gpu}
+    assert perf.stored_train(records) == {"long": cpu, "book": cpu}
+    text = perf.device_step_sentence({"long": gpu}, {"long": cpu})
+    assert text == (
+        "On the GPU, in dot-product steps: at the long shape (dot step 10.00 ms) riemannian "
+        "16.00x (2.40x on the CPU), ssm 2.00x; the largest phases of riemannian's step there "
+        "are geodesic_scores 75% and other 20%."
+    )
+    assert perf.device_step_sentence({}, {}) == "No GPU training-step record is stored yet."

@@ -36,6 +36,7 @@ __all__ = [
     "compile_figure",
     "compile_frame",
     "compile_sentence",
+    "device_step_sentence",
     "LIVE_SIZES",
     "REGULARIZER_SHARE_GOAL",
     "kernel_sizes_sentence",
@@ -57,6 +58,7 @@ __all__ = [
     "stored_kinds",
     "stored_or_live_kernels",
     "stored_or_live_train",
+    "stored_train",
     "train_figure",
     "train_frame",
 ]
@@ -420,13 +422,43 @@ def compile_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
                                  "Training steps, eager and through torch.compile")  # fmt: skip
 
 
-def stored_train(records: dict[str, dict[str, Any]], suffix: str) -> dict[str, dict[str, Any]]:
-    """``{shape: record}`` of the stored CPU training-step records ``train-<shape>-<suffix>``
-    (``compiled``, ``native``) of chapter 4's two shapes, those that are stored."""
-    found = {
-        shape: records.get(f"train-{shape}-{suffix}", {}).get("cpu") for shape in ("book", "long")
-    }
+def stored_train(
+    records: dict[str, dict[str, Any]], suffix: str = "", kind: str = "cpu"
+) -> dict[str, dict[str, Any]]:
+    """``{shape: record}`` of the stored training-step records ``train-<shape>[-<suffix>]``
+    (suffix ``compiled``, ``native`` or none) of chapter 4's two shapes made on ``kind``
+    (``cpu``, ``cuda``), those that are stored."""
+    tail = f"-{suffix}" if suffix else ""
+    found = {shape: records.get(f"train-{shape}{tail}", {}).get(kind) for shape in ("book", "long")}
     return {shape: rec for shape, rec in found.items() if rec is not None}
+
+
+def device_step_sentence(
+    gpu: dict[str, dict[str, Any]], cpu: dict[str, dict[str, Any]], n_phases: int = 2
+) -> str:
+    """The GPU training steps (``{shape: record}``) in words beside the CPU's at the same shape:
+    each variant's median ratio to dot on both, and where the costliest variant's GPU step goes
+    (its ``n_phases`` largest profiled phases, as shares of its step)."""
+    if not gpu:
+        return "No GPU training-step record is stored yet."
+    parts = []
+    for shape, rec in gpu.items():
+        res, on_cpu = rec["results"], cpu.get(shape, {}).get("results", {})
+        ratios = {v: r["step"]["ratio_median"] for v, r in res.items() if v != "dot"}
+        each = ", ".join(
+            f"{v} {x:.2f}x"
+            + (f" ({on_cpu[v]['step']['ratio_median']:.2f}x on the CPU)" if v in on_cpu else "")
+            for v, x in sorted(ratios.items(), key=lambda kv: -kv[1])
+        )
+        worst = max(ratios, key=lambda v: ratios[v])
+        phases = sorted(res[worst]["phases"].items(), key=lambda kv: -kv[1]["share"])[:n_phases]
+        where = " and ".join(f"{p} {100 * ph['share']:.0f}%" for p, ph in phases)
+        step_ms = 1e3 * res["dot"]["step"]["median_s"]
+        parts.append(
+            f"at the {shape} shape (dot step {step_ms:.2f} ms) {each}; the largest phases of "
+            f"{worst}'s step there are {where}"
+        )
+    return "On the GPU, in dot-product steps: " + "; ".join(parts) + "."
 
 
 def record_caption(record: dict[str, Any]) -> str:
