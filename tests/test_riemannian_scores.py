@@ -181,7 +181,7 @@ def test_pairwise_metric_terms_in_batch_slices_are_the_same_terms_and_gradients(
     w = torch.randn_like(whole)
     g_whole = torch.autograd.grad((whole * w).sum(), (U, q, k))
     monkeypatch.setattr(pairwise, "PAIRWISE_CHUNK", 4 * 2 * 2 * 4)  # one item per slice
-    assert len(pairwise._chunks(5, 4 * 2 * 2 * 4)) == 5
+    assert len(pairwise._chunks(5, 4 * 2 * 2 * 4, pairwise._budget(U.device))) == 5
     sliced = R.pairwise_metric_terms(U, q, k, scale=0.6)
     assert rel(sliced, whole) < TOL
     for a, b in zip(torch.autograd.grad((sliced * w).sum(), (U, q, k)), g_whole):
@@ -276,3 +276,49 @@ def test_causal_eq16_probabilities_pass_gradcheck_and_need_a_causal_mask(monkeyp
     assert torch.autograd.gradcheck(probs, (q, k, U, omega))
     with pytest.raises(ValueError, match="softmax=True needs causal=True"):
         R.geodesic_scores_decomposed(q, k, U, 1.3, softmax=True)
+
+
+def test_causal_tiles_on_a_gpu_take_the_whole_batch_per_token_block():
+    """Chapter 4's long shape (batch 32 x 8 heads, L = 128, r = 8 rank bound): on a CPU the
+    products go in cache-sized slices of the batch, on a GPU one tile per token block, every
+    product kept for the backward, so the host issues a few launches instead of thousands."""
+    from attention_atlas.attention.riemannian import pairwise
+
+    n, seq, r, block = 32 * 8, 128, 8, pairwise.CAUSAL_BLOCK
+    cpu = pairwise._causal_tiles(n, seq, r, block, torch.device("cpu"))
+    gpu = pairwise._causal_tiles(n, seq, r, block, torch.device("cuda"))
+    assert [(sl, t0, t1) for sl, t0, t1 in gpu] == [
+        (slice(0, n), t0, t0 + block) for t0 in range(0, seq, block)
+    ]
+    assert len(cpu) > 10 * len(gpu)
+    assert not pairwise._keeps_products(torch.empty(n, seq, r, 16), block)  # recomputed
+    assert pairwise._keeps_products(torch.empty(n, seq, r, 16, device="meta"), block)  # kept
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_causal_pairwise_terms_under_the_gpu_budget_equal_the_cpu_tiling(monkeypatch, softmax):
+    """The GPU's tiling (whole batch per block, products kept) gives the CPU tiling's scores and
+    gradients, in float64, where the CPU's slices the batch into single items."""
+    from attention_atlas.attention.riemannian import pairwise
+
+    monkeypatch.setattr(pairwise, "CAUSAL_BLOCK", 4)
+    q, k, _, U = inputs(shape=(3, 2), L=11, d=4, r=2, seed=40, grad=True)
+    w = torch.randn(3, 2, 11, 11, dtype=DT)
+    below = torch.ones(11, 11, dtype=torch.bool).tril()
+
+    def run():
+        out = R.pairwise_metric_terms(U, q, k, scale=-0.7, causal=True, softmax=softmax)
+        loss = (out.masked_fill(~below, 0.0) * w).sum()
+        return out, torch.autograd.grad(loss, (U, q, k))
+
+    monkeypatch.setattr(pairwise, "PAIRWISE_CHUNK", 4 * 4 * 2 * 15)  # one item per tile
+    assert len(pairwise._causal_tiles(6, 11, 2, 4, torch.device("cpu"))) == 3 * 6
+    assert not pairwise._keeps_products(U.detach().reshape(6, 11, 4, 2).transpose(-1, -2), 4)
+    sliced = run()
+    monkeypatch.setattr(pairwise, "_budget", lambda device: pairwise.DEVICE_CHUNK)
+    assert len(pairwise._causal_tiles(6, 11, 2, 4, torch.device("cpu"))) == 3
+    assert pairwise._keeps_products(U.detach().reshape(6, 11, 4, 2).transpose(-1, -2), 4)
+    whole = run()
+    assert rel(whole[0][..., below], sliced[0][..., below]) < TOL
+    for a, b in zip(whole[1], sliced[1]):
+        assert rel(a, b) < TOL

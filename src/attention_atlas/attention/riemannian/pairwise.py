@@ -27,10 +27,21 @@ __all__ = ["CAUSAL_BLOCK", "PAIRWISE_CHUNK", "pairwise_metric_terms"]
 #: the batch), and recomputed in the backward, once they would hold more than four times this
 #: (past the caches, memory traffic costs more than the products' recomputation)
 PAIRWISE_CHUNK = 1 << 20
-#: ``causal=True``: tokens per block (``b``); each block's products ``(b r, L + b)`` per item
+#: ``causal=True``: tokens per block (``b``); each block's products ``(b r, L + b)`` per item,
+#: a quarter of the slice budget (:func:`_budget`) per tile
 CAUSAL_BLOCK = 32
-#: ``causal=True``: the numbers of one tile's products (a slice of the batch of one block)
-CAUSAL_TILE = PAIRWISE_CHUNK // 4
+#: on a GPU the same budgets in numbers: there each slice is a handful of kernel launches
+#: that the host issues one by one (at chapter 4's long shape the CPU's cache-sized slices made
+#: some 18,000 operator calls a step out of the causal terms, and the step 16x a dot step on
+#: an H200, host-bound), and memory is plentiful, so a slice may hold this many (256 MiB in
+#: float32): at that shape one per token block, the whole batch
+DEVICE_CHUNK = 1 << 26
+
+
+def _budget(device: torch.device) -> int:
+    """Numbers one slice of the pairwise products may hold on ``device``:
+    :data:`PAIRWISE_CHUNK` on a CPU (the caches), :data:`DEVICE_CHUNK` elsewhere (launches)."""
+    return PAIRWISE_CHUNK if device.type == "cpu" else DEVICE_CHUNK
 
 
 def _centred_products(ut: Tensor, x: Tensor, c: Tensor) -> Tensor:
@@ -42,9 +53,9 @@ def _centred_products(ut: Tensor, x: Tensor, c: Tensor) -> Tensor:
     return g.view(n, seq, r, nb, m).sub_(c.unsqueeze(-1))
 
 
-def _chunks(n: int, per_item: int, chunk: int | None = None) -> list[slice]:
-    """Slices of the batch: all of it while small, else about :data:`PAIRWISE_CHUNK` numbers each."""
-    chunk = PAIRWISE_CHUNK if chunk is None else chunk
+def _chunks(n: int, per_item: int, chunk: int) -> list[slice]:
+    """Slices of the batch: all of it while at most ``4 chunk`` numbers, else about ``chunk``
+    numbers each (``chunk`` from :func:`_budget`)."""
     if n * per_item <= 4 * chunk:
         return [slice(0, n)]
     step = max(1, chunk // per_item)
@@ -61,7 +72,7 @@ class _PairwiseMetricTerms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ut: Tensor, x: Tensor, c: Tensor, scale: float) -> Tensor:  # type: ignore[override]
         n, seq, r, _ = ut.shape
-        parts = _chunks(n, seq * r * 2 * seq)
+        parts = _chunks(n, seq * r * 2 * seq, _budget(ut.device))
         out = ut.new_empty(n, seq, seq)
         kept = []
         for sl in parts:
@@ -79,7 +90,7 @@ class _PairwiseMetricTerms(torch.autograd.Function):
         ut, x, c, *stored = ctx.saved_tensors
         n, seq, r, d = ut.shape
         d_ut, d_x, d_c = torch.empty_like(ut), torch.empty_like(x), torch.empty_like(c)
-        for sl in [slice(0, n)] if stored else _chunks(n, seq * r * 2 * seq):
+        for sl in [slice(0, n)] if stored else _chunks(n, seq * r * 2 * seq, _budget(ut.device)):
             g = stored[0] if stored else _centred_products(ut[sl], x[sl], c[sl])
             gs = (2.0 * ctx.scale) * grad[sl]
             dd = torch.stack([gs, gs.transpose(1, 2)], 2).unsqueeze(2)  # (n, L, 1, 2, L)
@@ -94,14 +105,16 @@ class _PairwiseMetricTerms(torch.autograd.Function):
         return d_ut, d_x, d_c, None
 
 
-def _causal_tiles(n: int, seq: int, r: int, block: int) -> list[tuple[slice, int, int]]:
+def _causal_tiles(
+    n: int, seq: int, r: int, block: int, device: torch.device
+) -> list[tuple[slice, int, int]]:
     """``(batch slice, t0, t1)`` tiles of the causal products: token blocks ``[t0, t1)`` of
-    ``block`` tokens, the batch sliced so a tile's products hold about :data:`CAUSAL_TILE`
-    numbers at most."""
+    ``block`` tokens, the batch sliced so a tile's products hold about a quarter of the slice
+    budget on ``device`` (:func:`_budget`) at most."""
     tiles = []
     for t0 in range(0, seq, block):
         t1 = min(t0 + block, seq)
-        for sl in _chunks(n, (t1 - t0) * r * (seq - t0 + t1), CAUSAL_TILE):
+        for sl in _chunks(n, (t1 - t0) * r * (seq - t0 + t1), _budget(device) // 4):
             tiles.append((sl, t0, t1))
     return tiles
 
@@ -169,9 +182,10 @@ class _CausalPairwiseMetricTerms(torch.autograd.Function):
 
 def _keeps_products(ut: Tensor, block: int) -> bool:
     """Whether :class:`_CausalPairwiseMetricTerms` keeps its tiles' products for the backward:
-    while all of them hold at most ``4 PAIRWISE_CHUNK`` numbers (they stay in the caches)."""
+    while all of them hold at most four slice budgets (:func:`_budget`: on a CPU they stay in
+    the caches)."""
     n, seq, r, _ = ut.shape
-    return n * r * seq * (seq + block) <= 4 * PAIRWISE_CHUNK
+    return n * r * seq * (seq + block) <= 4 * _budget(ut.device)
 
 
 def _causal_forward(
@@ -181,7 +195,7 @@ def _causal_forward(
     softmax, a new tensor), and the tiles' products when ``keep`` (else none are kept)."""
     n, seq, r, _ = ut.shape
     kept = []
-    for sl, t0, t1 in _causal_tiles(n, seq, r, block):
+    for sl, t0, t1 in _causal_tiles(n, seq, r, block, ut.device):
         g = _tile_products(ut, x, sl, t0, t1)[0]
         if keep:
             kept.append(g)
@@ -208,7 +222,7 @@ def _causal_backward(
     else:
         d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
     d_ut, d_x = torch.empty_like(ut), torch.zeros_like(x)
-    for i, (sl, t0, t1) in enumerate(_causal_tiles(n, seq, r, block)):
+    for i, (sl, t0, t1) in enumerate(_causal_tiles(n, seq, r, block, ut.device)):
         nq = seq - t0
         dd = torch.cat([d_base[sl, t0:, t0:t1].transpose(1, 2), d_base[sl, t0:t1, :t1]], -1)
         dd = dd.mul_(2.0 * scale).unsqueeze(2)
