@@ -59,8 +59,11 @@ gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 print(f"torch {torch.__version__}, {gpu}")
 EOF
 # 1. the kernels against SDPA (chapter 8): results/bench/<device>/kernels-float32.json
+#    (stored after each length; a kernel whose next length would pass 3 s a call stops there: on
+#    the first H200 run the Fiber Bundle kernel's lengths took most of the budget)
 timeout $(($(left) / 3)) "$PY" -m attention_atlas bench --lengths $LENGTHS --device "$DEVICE" \
-    --store > "$OUT/bench.txt" 2>&1 || echo "device_session: the benchmark stopped ($?)" >> "$OUT/bench.txt"
+    --max-call-s 3 --store > "$OUT/bench.txt" 2>&1 \
+    || echo "device_session: the benchmark stopped ($?)" >> "$OUT/bench.txt"
 tail -30 "$OUT/bench.txt"
 # 1b. training steps against dot at chapter 4's two shapes (chapter 8): train-<shape>.json
 for shape in $TRAIN_SHAPES; do
@@ -70,6 +73,12 @@ for shape in $TRAIN_SHAPES; do
         || echo "device_session: bench --train $shape stopped ($?)" >> "$OUT/bench-train.txt"
 done
 grep -E "^(training|variant|[a-z_]+ +[0-9])|device_session" "$OUT/bench-train.txt" | tail -20
+# 1c. where the two costliest steps go, by operator (the host's launches and waits included)
+if [ "$(left)" -gt "$TRAIN_MIN_LEFT" ]; then
+    timeout 45 "$PY" benchmarks/profile_step.py riemannian fiber_bundle --shape "${TRAIN_SHAPES##* }" \
+        --device "$DEVICE" --steps 2 --top 15 > "$OUT/profile.txt" 2>&1
+    grep "^==" "$OUT/profile.txt" | cut -c1-300
+fi
 # 2. the long grids' cells at once: chapter 4's Fiber Bundle arms on the GPU (WORKERS cells at
 #    a time: few enough that each runs at its own launch-bound speed and finishes inside the
 #    budget), chapter 5's on the spare CPU cores (CPU_WORKERS, the GPU hidden). A finished cell

@@ -28,6 +28,8 @@ def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (tmp_path / "env.txt").read_text().startswith("torch ")
+    profile = (tmp_path / "profile.txt").read_text()  # where the two costliest steps go
+    assert "== riemannian, shape book" in profile and "== fiber_bundle, shape book" in profile
     with tarfile.open(tmp_path / "results.tgz") as tar:
         names = tar.getnames()
     assert "store/bench/cpu/kernels-float32.json" in names
