@@ -43,3 +43,22 @@ def test_metric_parameters_of_attention_variants_are_not_decayed():
         p for m in model.modules() if hasattr(m, "metric_parameters") for p in m.metric_parameters()
     ]
     assert metric and all(id(p) in no_decay for p in metric)
+
+
+def test_adamw_is_fused_on_a_gpu_and_the_single_tensor_loop_on_a_cpu():
+    from attention_atlas.train.loop import adamw_implementation
+
+    assert adamw_implementation(torch.device("cuda")) == {"fused": True}
+    assert adamw_implementation(torch.device("cpu")) == {"foreach": False}
+    # the CPU's choice is the one every stored CPU result was made with: one step of it equals
+    # a hand-written AdamW step in float64
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = torch.optim.AdamW([w], lr=0.1, betas=(0.9, 0.99), weight_decay=0.01,
+                            **adamw_implementation(torch.device("cpu")))  # fmt: skip
+    g = torch.tensor([0.5, -0.25], dtype=torch.float64)
+    w.grad = g.clone()
+    opt.step()
+    m, v = 0.1 * g, 0.01 * g * g
+    want = torch.tensor([1.0, -2.0], dtype=torch.float64) * (1 - 0.1 * 0.01)
+    want -= 0.1 * (m / 0.1) / ((v / 0.01).sqrt() + 1e-8)
+    assert torch.allclose(w.detach(), want, rtol=0, atol=1e-15)
