@@ -278,21 +278,23 @@ def test_causal_eq16_probabilities_pass_gradcheck_and_need_a_causal_mask(monkeyp
         R.geodesic_scores_decomposed(q, k, U, 1.3, softmax=True)
 
 
-def test_causal_tiles_on_a_gpu_take_the_whole_batch_per_token_block():
+def test_causal_tiles_on_a_gpu_take_the_whole_batch_in_large_blocks():
     """Chapter 4's long shape (batch 32 x 8 heads, L = 128, r = 8 rank bound): on a CPU the
-    products go in cache-sized slices of the batch, on a GPU one tile per token block, every
-    product kept for the backward, so the host issues a few launches instead of thousands."""
+    products go in cache-sized slices of the batch and blocks of 32 tokens, on a GPU in one
+    tile, every product kept for the backward, so the host issues a few launches, not
+    thousands."""
     from attention_atlas.attention.riemannian import pairwise
 
-    n, seq, r, block = 32 * 8, 128, 8, pairwise.CAUSAL_BLOCK
-    cpu = pairwise._causal_tiles(n, seq, r, block, torch.device("cpu"))
-    gpu = pairwise._causal_tiles(n, seq, r, block, torch.device("cuda"))
-    assert [(sl, t0, t1) for sl, t0, t1 in gpu] == [
-        (slice(0, n), t0, t0 + block) for t0 in range(0, seq, block)
-    ]
-    assert len(cpu) > 10 * len(gpu)
+    n, seq, r = 32 * 8, 128, 8
+    cpu_dev, gpu_dev = torch.device("cpu"), torch.device("cuda")
+    block = pairwise._block(cpu_dev)
+    assert block == pairwise.CAUSAL_BLOCK and pairwise._block(gpu_dev) == seq
+    cpu = pairwise._causal_tiles(n, seq, r, block, cpu_dev)
+    gpu = pairwise._causal_tiles(n, seq, r, seq, gpu_dev)
+    assert gpu == [(slice(0, n), 0, seq)]  # one tile: the whole batch, every token
+    assert len(cpu) > 40
     assert not pairwise._keeps_products(torch.empty(n, seq, r, 16), block)  # recomputed
-    assert pairwise._keeps_products(torch.empty(n, seq, r, 16, device="meta"), block)  # kept
+    assert pairwise._keeps_products(torch.empty(n, seq, r, 16, device="meta"), seq)  # kept
 
 
 @pytest.mark.parametrize("softmax", [False, True])
@@ -319,6 +321,12 @@ def test_causal_pairwise_terms_under_the_gpu_budget_equal_the_cpu_tiling(monkeyp
     assert len(pairwise._causal_tiles(6, 11, 2, 4, torch.device("cpu"))) == 3
     assert pairwise._keeps_products(U.detach().reshape(6, 11, 4, 2).transpose(-1, -2), 4)
     whole = run()
+    monkeypatch.setattr(pairwise, "_block", lambda device: pairwise.DEVICE_BLOCK)
+    assert len(pairwise._causal_tiles(6, 11, 2, 128, torch.device("cpu"))) == 1
+    one_tile = run()  # the GPU's block: one tile, the full 2L columns
+    assert rel(one_tile[0][..., below], sliced[0][..., below]) < TOL
+    for a, b in zip(one_tile[1], sliced[1]):
+        assert rel(a, b) < TOL
     assert rel(whole[0][..., below], sliced[0][..., below]) < TOL
     for a, b in zip(whole[1], sliced[1]):
         assert rel(a, b) < TOL

@@ -34,8 +34,19 @@ CAUSAL_BLOCK = 32
 #: that the host issues one by one (at chapter 4's long shape the CPU's cache-sized slices made
 #: some 18,000 operator calls a step out of the causal terms, and the step 16x a dot step on
 #: an H200, host-bound), and memory is plentiful, so a slice may hold this many (256 MiB in
-#: float32): at that shape one per token block, the whole batch
+#: float32): at that shape, with :data:`DEVICE_BLOCK`, one tile for the whole batch
 DEVICE_CHUNK = 1 << 26
+
+
+#: on a GPU, tokens per block of the causal products: fewer, larger tiles (at L = 128 one, the
+#: full ``2L`` columns: twice the causal half's products, but one launch instead of four)
+DEVICE_BLOCK = 128
+
+
+def _block(device: torch.device) -> int:
+    """Tokens per block of the causal products on ``device``: :data:`CAUSAL_BLOCK` on a CPU,
+    :data:`DEVICE_BLOCK` elsewhere."""
+    return CAUSAL_BLOCK if device.type == "cpu" else DEVICE_BLOCK
 
 
 def _budget(device: torch.device) -> int:
@@ -340,9 +351,10 @@ def pairwise_metric_terms(
 
             out = CausalPairwiseTerms.apply(acc, ut.contiguous(), x, float(scale), softmax)
             return out.view(*batch, seq, seq)
-        opaque = torch.compiler.is_compiling() and not _keeps_products(ut, CAUSAL_BLOCK)
+        block = _block(ut.device)
+        opaque = torch.compiler.is_compiling() and not _keeps_products(ut, block)
         apply = causal_pairwise_op if opaque else _CausalPairwiseMetricTerms.apply
-        out = apply(acc, ut, x, float(scale), CAUSAL_BLOCK, softmax)
+        out = apply(acc, ut, x, float(scale), block, softmax)
         return out.view(*batch, seq, seq)
     if base is not None or softmax:
         raise ValueError("base and softmax are only taken with causal=True")
