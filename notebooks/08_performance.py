@@ -71,6 +71,7 @@ from IPython.display import display
 from attention_atlas import viz
 from attention_atlas.bench_scaling import matmul_rate
 from attention_atlas.experiments import performance as perf
+from attention_atlas.experiments import performance_steps as steps
 
 torch.set_num_threads(1)  # every measurement of this chapter is on one thread
 records = perf.load_records()
@@ -240,7 +241,7 @@ for shape, rec in train.items():
     g = perf.goals(rec)
     display(g.round(2).rename_axis(f"{shape} shape"))
     viz.markdown(perf.goal_sentence(g, shape))
-viz.markdown(perf.regularizer_sentence({s: perf.regularizer_share(r) for s, r in train.items()}))
+viz.markdown(steps.regularizer_sentence({s: steps.regularizer_share(r) for s, r in train.items()}))
 
 # %% [markdown]
 # ### Training steps on a GPU
@@ -250,14 +251,14 @@ viz.markdown(perf.regularizer_sentence({s: perf.regularizer_share(r) for s, r in
 # GPU time of their kernels.
 
 # %%
-gpu_train = perf.stored_train(records, kind="cuda")
+gpu_train = steps.stored_train(records, kind="cuda")
 gframes = {shape: perf.train_frame(rec) for shape, rec in gpu_train.items()}
 for shape, rec in gpu_train.items():
-    print(perf.record_caption(rec))
+    print(steps.record_caption(rec))
     display(gframes[shape].round(2).rename_axis(f"{shape} shape, GPU"))
 if gframes:
     viz.show(perf.train_figure(gframes).update_layout(title="GPU: one training step against dot"))
-viz.markdown(perf.device_step_sentence(gpu_train, train))
+viz.markdown(steps.device_step_sentence(gpu_train, train))
 
 # %% [markdown]
 # ## Compiled steps
@@ -275,14 +276,14 @@ viz.markdown(perf.device_step_sentence(gpu_train, train))
 # (`bench --train --compile`), where they are stored.
 
 # %%
-compiled = perf.stored_train(records, "compiled")
-cframes = {shape: perf.compile_frame(rec) for shape, rec in compiled.items()}
+compiled = steps.stored_train(records, "compiled")
+cframes = {shape: steps.compile_frame(rec) for shape, rec in compiled.items()}
 for shape, rec in compiled.items():
-    print(perf.record_caption(rec))
+    print(steps.record_caption(rec))
     display(cframes[shape].round(2).rename_axis(f"{shape} shape"))
 if cframes:
-    viz.show(perf.compile_figure(cframes))
-viz.markdown(perf.compile_sentence(cframes))
+    viz.show(steps.compile_figure(cframes))
+viz.markdown(steps.compile_sentence(cframes))
 
 # %% [markdown]
 # ## Native CPU kernels
@@ -296,17 +297,17 @@ viz.markdown(perf.compile_sentence(cframes))
 # they are stored; the quartiles are those of the per-round ratios.
 
 # %%
-natives = perf.stored_train(records, "native")
-nframes = {shape: perf.native_frame(rec) for shape, rec in natives.items()}
+natives = steps.stored_train(records, "native")
+nframes = {shape: steps.native_frame(rec) for shape, rec in natives.items()}
 for shape, rec in natives.items():
-    print(perf.record_caption(rec))
+    print(steps.record_caption(rec))
     display(nframes[shape].round(2).rename_axis(f"{shape} shape"))
 if nframes:
-    viz.show(perf.native_figure(nframes))
-viz.markdown(perf.native_sentence(nframes))
-native_shares = {s: perf.regularizer_share(r, native=True) for s, r in natives.items()}
+    viz.show(steps.native_figure(nframes))
+viz.markdown(steps.native_sentence(nframes))
+native_shares = {s: steps.regularizer_share(r, native=True) for s, r in natives.items()}
 viz.markdown(
-    perf.regularizer_sentence(native_shares, "With the native kernels, the cofactor regulariser")
+    steps.regularizer_sentence(native_shares, "With the native kernels, the cofactor regulariser")
 )
 
 # %% [markdown]

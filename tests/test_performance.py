@@ -9,6 +9,7 @@ import pytest
 
 from attention_atlas import bench_records
 from attention_atlas.experiments import performance as perf
+from attention_atlas.experiments import performance_steps as steps
 
 
 def _kernels(device: str = "cpu") -> dict:
@@ -85,17 +86,17 @@ def test_compile_frame_and_sentence_read_eager_and_compiled_steps_of_one_record(
         r["compiled"] = {"median_s": 0.01 * compiled[v], "ratio_median": compiled[v]}
         r["compile_speedup"] = r["step"]["median_s"] / r["compiled"]["median_s"]
         r["compile_error"] = "InductorError: no compiler" if v == "matroidal" else None
-    f = perf.compile_frame(rec)
+    f = steps.compile_frame(rec)
     assert f.loc["fiber_bundle", "speed-up"] == pytest.approx(4.0 / 3.6)
     assert f.loc["fiber_bundle", "compiled / compiled dot"] == pytest.approx(4.0)
     assert f.loc["matroidal", "compiled ms"] == pytest.approx(10.0)
-    text = perf.compile_sentence({"book": f})
+    text = steps.compile_sentence({"book": f})
     assert "by 1.11x (dot) to 1.30x (matroidal)" in text
     assert "matroidal fell back to eager steps" in text
     assert "4.00 eager dot steps eagerly, 3.60 compiled, and 4.00 compiled dot steps" in text
     assert "goal (3) not met" in text
-    assert "No compiled" in perf.compile_sentence({})
-    assert len(perf.compile_figure({"book": f}).data) == 3
+    assert "No compiled" in steps.compile_sentence({})
+    assert len(steps.compile_figure({"book": f}).data) == 3
 
 
 def test_regularizer_share_is_the_step_excess_over_dot_and_the_profiled_phase():
@@ -109,19 +110,19 @@ def test_regularizer_share_is_the_step_excess_over_dot_and_the_profiled_phase():
         "forward_flops": 5e6,
         "backward_flops": 1.5e7,
     }
-    got = perf.regularizer_share(rec)
+    got = steps.regularizer_share(rec)
     assert got == pytest.approx({"timed": 1 - 1 / 1.1, "timed_low": 1 - 1 / 1.05,
                                  "timed_high": 1 - 1 / 1.25, "profiled": 0.08,
                                  "flops": 2e7 / 1.02e9, "goal": 0.05})  # fmt: skip
-    assert perf.regularizer_share(_train({"dot": 1.0}, {"dot": 1.0})) is None
+    assert steps.regularizer_share(_train({"dot": 1.0}, {"dot": 1.0})) is None
     long = _train({"dot": 1.0, "cofactor": 1.04}, {"dot": 1.0, "cofactor": 1.01})
     long["results"]["cofactor"]["phases"]["regularizer/cofactor"] = {
         "share": 0.03, "forward_flops": 1, "backward_flops": 1}  # fmt: skip
-    text = perf.regularizer_sentence({"book": got, "long": perf.regularizer_share(long)})
+    text = steps.regularizer_sentence({"book": got, "long": steps.regularizer_share(long)})
     assert "at the book shape 9.1% of a step" in text and "(quartiles 4.8% to 20.0%)" in text
     assert "8.0% by the profile, for 2.0% of the step's FLOPs: goal not met" in text
     assert "at the long shape 3.8% of a step" in text and text.endswith("goal met.")
-    assert "No record" in perf.regularizer_sentence({"book": None})
+    assert "No record" in steps.regularizer_sentence({"book": None})
 
 
 def test_loader_shows_gpu_records_beside_cpu_ones(tmp_path, monkeypatch):
@@ -152,33 +153,33 @@ def test_native_frame_and_sentence_read_the_native_steps_and_their_regularizer_s
         r["native_speedup"] = r["step"]["median_s"] / r["native"]["median_s"]
         r["native_phases"] = {"regularizer/cofactor": {"share": 0.03, "forward_flops": 1,
                                                        "backward_flops": 1}}  # fmt: skip
-    f = perf.native_frame(rec)
+    f = steps.native_frame(rec)
     assert list(f.index) == ["fiber_bundle", "cofactor"]  # only the variants run natively
     assert f.loc["fiber_bundle", "speed-up"] == pytest.approx(4.0 / 2.9)
     assert f.loc["fiber_bundle", "FLOP ratio"] == pytest.approx(2.5)
     assert f["met"].tolist() == [True, True]
-    text = perf.native_sentence({"book": f})
+    text = steps.native_sentence({"book": f})
     assert (
         "fiber_bundle 2.90x (quartiles 2.70 to 3.20; eager 4.00x; FLOPs 2.50x): goal (3) met"
         in text
     )
-    assert "No training-step record" in perf.native_sentence({})
-    assert len(perf.native_figure({"book": f}).data) == 3
-    share = perf.regularizer_share(rec, native=True)
+    assert "No training-step record" in steps.native_sentence({})
+    assert len(steps.native_figure({"book": f}).data) == 3
+    share = steps.regularizer_share(rec, native=True)
     assert share is not None and share["timed"] == pytest.approx(1 - 1 / 1.04)
     assert share["timed_high"] == pytest.approx(1 - 1 / 1.08) and share["profiled"] == 0.03
-    assert perf.regularizer_sentence({"book": share}, "Natively, it").startswith(
+    assert steps.regularizer_sentence({"book": share}, "Natively, it").startswith(
         "Natively, it (goal: at most 5% of a step): at the book shape 3.8% of a step"
     )
-    assert perf.stored_train({"train-long-native": {"cpu": rec}, "train-book-native": {}},
+    assert steps.stored_train({"train-long-native": {"cpu": rec}, "train-book-native": {}},
                              "native") == {"long": rec}  # fmt: skip
-    assert perf.regularizer_share(rec) is None  # the eager profile has no regulariser phase here
+    assert steps.regularizer_share(rec) is None  # the eager profile has no regulariser phase here
     assert share["flops"] == pytest.approx(2 / 1.02e9)  # no eager phase: the native one's count
     rec["results"]["cofactor"]["phases"]["regularizer/cofactor"] = {
         "share": 0.07, "forward_flops": 4e6, "backward_flops": 6e6}  # fmt: skip
-    assert perf.regularizer_share(rec, native=True)["flops"] == pytest.approx(1e7 / 1.02e9)
+    assert steps.regularizer_share(rec, native=True)["flops"] == pytest.approx(1e7 / 1.02e9)
     del rec["results"]["cofactor"]["native"]
-    assert perf.regularizer_share(rec, native=True) is None
+    assert steps.regularizer_share(rec, native=True) is None
 
 
 def test_device_step_sentence_reads_gpu_steps_beside_cpu_ones_and_the_costliest_phases():
@@ -193,12 +194,12 @@ def test_device_step_sentence_reads_gpu_steps_beside_cpu_ones_and_the_costliest_
     }
     cpu = _train({"dot": 1.0, "riemannian": 2.4}, {"dot": 1, "riemannian": 2})
     records = {"train-long": {"cuda": gpu, "cpu": cpu}, "train-book": {"cpu": cpu}}
-    assert perf.stored_train(records, kind="cuda") == {"long": gpu}
-    assert perf.stored_train(records) == {"long": cpu, "book": cpu}
-    text = perf.device_step_sentence({"long": gpu}, {"long": cpu})
+    assert steps.stored_train(records, kind="cuda") == {"long": gpu}
+    assert steps.stored_train(records) == {"long": cpu, "book": cpu}
+    text = steps.device_step_sentence({"long": gpu}, {"long": cpu})
     assert text == (
         "On the GPU, in dot-product steps: at the long shape (dot step 10.00 ms) riemannian "
         "16.00x (2.40x on the CPU), ssm 2.00x; the largest phases of riemannian's step there "
         "are geodesic_scores 75% and other 20%."
     )
-    assert perf.device_step_sentence({}, {}) == "No GPU training-step record is stored yet."
+    assert steps.device_step_sentence({}, {}) == "No GPU training-step record is stored yet."
