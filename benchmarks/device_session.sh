@@ -12,8 +12,9 @@
 #               timeout_s=600)
 #
 # Knobs (environment): BUDGET_S (seconds for the whole script, default 540), WORKERS (cells at
-# at once on the GPU, default 4), CPU_WORKERS (chapter 5's cells at once on the CPU, default
-# 8), LENGTHS (the benchmark's lengths), DEVICE (default cuda), PYTHON (default
+# at once on the GPU, default 4), CPU_WORKERS and GPU_MATROIDAL_WORKERS (chapter 5's cells at
+# once on the CPU, default 8, and on the GPU, default 2; MATROIDAL_SEEDS, MATROIDAL_GPU_SEEDS
+# their seeds), LENGTHS (the benchmark's lengths), DEVICE (default cuda), PYTHON (default
 # python3), NO_WHEELS=1 (use the installed packages), STEPS_ONLY=1 (kernels only). A rehearsal
 # on a CPU: DEVICE=cpu NO_WHEELS=1 PYTHON=.venv/bin/python LENGTHS="256" BUDGET_S=120 \
 #   SMOKE=1 bash benchmarks/device_session.sh   (smoke grids into a scratch store)
@@ -40,14 +41,16 @@ fi
 DEVICE=${DEVICE:-cuda}
 WORKERS=${WORKERS:-4}
 CPU_WORKERS=${CPU_WORKERS:-8}
+GPU_MATROIDAL_WORKERS=${GPU_MATROIDAL_WORKERS:-2}
 LENGTHS=${LENGTHS:-256 512 1024 2048 4096 8192 16384}
 BUDGET=${BUDGET_S:-540}
 if [ -n "${SMOKE:-}" ]; then  # a rehearsal: smoke grids, a scratch results store, one
     export ATTENTION_ATLAS_RESULTS=$OUT/store  # variant's training step at the book shape
-    PRESET=smoke MATROIDAL_SEEDS="0 1 2 3 4" TRAIN_SHAPES=book TRAIN_VARIANTS=cofactor TRAIN_REPS=1 TRAIN_MIN_LEFT=60
+    PRESET=smoke MATROIDAL_SEEDS="0 1 2 3 4" MATROIDAL_GPU_SEEDS=5 TRAIN_SHAPES=book TRAIN_VARIANTS=cofactor TRAIN_REPS=1 TRAIN_MIN_LEFT=60
 else
-    # chapter 5's long grid is complete at seeds 17 to 19: on downwards from 16
-    PRESET=long MATROIDAL_SEEDS=${MATROIDAL_SEEDS:-"16 15 14 13 12 11 10"} TRAIN_SHAPES="book long" TRAIN_VARIANTS="" TRAIN_REPS=5 TRAIN_MIN_LEFT=240
+    # chapter 5's long grid is complete at seeds 17 to 19: the CPU on down from 16, the GPU up from 0
+    PRESET=long MATROIDAL_SEEDS=${MATROIDAL_SEEDS:-"16 15 14 13 12 11 10"} TRAIN_SHAPES="book long"
+    MATROIDAL_GPU_SEEDS=${MATROIDAL_GPU_SEEDS:-"0 1 2 3 4 5 6 7"} TRAIN_VARIANTS="" TRAIN_REPS=5 TRAIN_MIN_LEFT=240
 fi
 store=${ATTENTION_ATLAS_RESULTS:-$root/results}
 t0=$(date +%s)
@@ -81,24 +84,35 @@ if [ "$(left)" -gt "$TRAIN_MIN_LEFT" ]; then
 fi
 # 2. the long grids' cells at once: chapter 4's Fiber Bundle arms on the GPU (WORKERS cells at
 #    a time: few enough that each runs at its own launch-bound speed and finishes inside the
-#    budget), chapter 5's on the spare CPU cores (CPU_WORKERS, the GPU hidden). A finished cell
-#    is a record; a stopped one leaves none (the next run resumes it)
+#    budget), chapter 5's on the GPU too (GPU_MATROIDAL_WORKERS, seeds from 0 up: small models,
+#    a few milliseconds a step) and on the spare CPU cores (CPU_WORKERS, the GPU hidden, seeds
+#    from 16 down), one seed of every configuration at a time; the two chapter 5 runners never
+#    share a seed. A finished cell is a record; a stopped one leaves none (the next run resumes)
 fbt="fbt fbt_reg-none fbt_noise fbt_reg-l2 fbt_alpha-0 fbt_rank-1 fbt_rank-8 fbt_kappa-0.1 fbt_kappa-10"
 [ -n "${SMOKE:-}" ] && fbt="fbt fbt_reg-none"  # the smoke grid has fewer arms
+matroidal_seeds() {  # LOG WORKERS WHERE SEED...: chapter 5's grid, one seed at a time
+    local log=$1 workers=$2 where=$3
+    shift 3
+    for seed in "$@"; do
+        [ "$(left)" -gt 60 ] || break
+        timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep matroidal --seeds "$seed" \
+            --preset "$PRESET" --workers "$workers" --no-progress >> "$log" 2>&1
+        echo "device_session: sweep matroidal ($where) seed $seed ended ($?)" >> "$log"
+    done
+}
 if [ -z "${STEPS_ONLY:-}" ] && [ "$(left)" -gt 90 ]; then
     stop=$(($(left) - 45))
-    (for seed in $MATROIDAL_SEEDS; do  # one seed of every configuration at a time
-        [ "$(left)" -gt 60 ] || break
-        CUDA_VISIBLE_DEVICES="" timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep \
-            matroidal --seeds $seed --preset "$PRESET" --workers "$CPU_WORKERS" --no-progress \
-            >> "$OUT/sweep-cpu.txt" 2>&1
-        echo "device_session: sweep matroidal seed $seed ended ($?)" >> "$OUT/sweep-cpu.txt"
-    done) &
+    (export CUDA_VISIBLE_DEVICES=""
+     matroidal_seeds "$OUT/sweep-cpu.txt" "$CPU_WORKERS" CPU $MATROIDAL_SEEDS) &
+    (matroidal_seeds "$OUT/sweep-gpu.txt" "$GPU_MATROIDAL_WORKERS" GPU $MATROIDAL_GPU_SEEDS) &
     timeout $stop "$PY" -m attention_atlas sweep fiber-bundle --only $fbt --seeds 0 1 2 3 4 \
         --preset "$PRESET" --workers "$WORKERS" --no-progress >> "$OUT/sweep.txt" 2>&1
     echo "device_session: sweep fiber-bundle ended ($?)" >> "$OUT/sweep.txt"
     wait
-    cat "$OUT/sweep-cpu.txt" >> "$OUT/sweep.txt" && rm "$OUT/sweep-cpu.txt"
+    for part in gpu cpu; do
+        [ -f "$OUT/sweep-$part.txt" ] && cat "$OUT/sweep-$part.txt" >> "$OUT/sweep.txt"
+        rm -f "$OUT/sweep-$part.txt"
+    done
     grep -E "^\[sweep\]|device_session" "$OUT/sweep.txt" | tail -30
 fi
 # 3. everything the store gained, as one file

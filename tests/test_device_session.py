@@ -40,7 +40,8 @@ def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
         assert all(any(Path(c).name.startswith(a) for c in cells) for a in arms)
     assert not any(n.endswith(".lock") for n in names)
     sweep_log = (tmp_path / "sweep.txt").read_text()
-    assert (
-        "sweep fiber-bundle ended (0)" in sweep_log
-        and "sweep matroidal seed 4 ended (0)" in sweep_log
-    )
+    assert "sweep fiber-bundle ended (0)" in sweep_log
+    assert "sweep matroidal (CPU) seed 4 ended (0)" in sweep_log  # seeds 0 to 4 on the "CPU"
+    assert "sweep matroidal (GPU) seed 5 ended (0)" in sweep_log  # and seed 5 beside them
+    matroidal = [n for n in names if n.startswith("store/matroidal/smoke/cells/")]
+    assert {int(Path(n).name.split("__seed")[1].split("__")[0]) for n in matroidal} == set(range(6))
