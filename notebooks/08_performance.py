@@ -133,14 +133,10 @@ display(slopes.round(2))
 
 # %%
 longest = int(kf["L"].max())
-at = kf[kf["L"] == kf.groupby("variant")["L"].transform("max")].set_index("variant")
+at = perf.at_longest(kf)
 quad = slopes.drop(index=["ssm"], errors="ignore")["forward+backward slope"]
 viz.markdown(
-    "At the longest length each reached, the kernels run at "
-    + ", ".join(
-        f"{v} {r['forward+backward / SDPA']:.1f}x (L = {int(r['L'])})" for v, r in at.iterrows()
-    )
-    + f" SDPA's forward+backward time. The quadratic kernels' time grows with slopes "
+    perf.longest_sentence(kf) + " The quadratic kernels' time grows with slopes "
     f"{quad.min():.2f} to {quad.max():.2f} in $L$ (2 is quadratic)"
     + (
         f"; the chunked SSM's slope is {slopes.loc['ssm', 'forward+backward slope']:.2f}"
@@ -173,15 +169,7 @@ else:
     viz.markdown(perf.kernel_sizes_sentence(gpu))
     viz.show(perf.kernel_figure(gkf, "forward+backward / SDPA",
                                 title="GPU: forward+backward time over SDPA's"))  # fmt: skip
-    gat = gkf[gkf["L"] == gkf.groupby("variant")["L"].transform("max")].set_index("variant")
-    viz.markdown(
-        "On the GPU, at the longest length each reached, the kernels run at "
-        + ", ".join(
-            f"{v} {r['forward+backward / SDPA']:.1f}x (L = {int(r['L'])})"
-            for v, r in gat.iterrows()
-        )
-        + " SDPA's forward+backward time."
-    )
+    viz.markdown(perf.longest_sentence(gkf, "On the GPU: "))
 
 # %% [markdown]
 # ## Exploration: one kernel, live

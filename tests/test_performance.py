@@ -203,3 +203,14 @@ def test_device_step_sentence_reads_gpu_steps_beside_cpu_ones_and_the_costliest_
         "are geodesic_scores 75% and other 20%."
     )
     assert steps.device_step_sentence({}, {}) == "No GPU training-step record is stored yet."
+
+
+def test_longest_sentence_reads_each_kernel_at_its_own_longest_length():
+    rec = _kernels()
+    del rec["results"]["euclidean"]["1024"]  # stopped one length earlier
+    kf = perf.kernel_frame(rec)
+    assert perf.at_longest(kf)["L"].to_dict() == {"dot": 1024, "euclidean": 512, "ssm": 1024}
+    assert perf.longest_sentence(kf, "On the GPU: ") == (
+        "On the GPU: At the longest length each reached, the kernels run at dot 1.0x (L = 1024), "
+        "euclidean 2.0x (L = 512), ssm 0.2x (L = 1024) SDPA's forward+backward time."
+    )

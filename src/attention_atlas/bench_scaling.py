@@ -6,7 +6,10 @@ dot-product attention (SDPA) on the same ``q, k, v`` at each length, interleaved
 (:func:`attention_atlas.bench.bench_attention`), with the peak memory of one forward+backward and
 the FLOPs of its matrix products (:func:`attention_atlas.bench.count_flops`). A variant is not run
 at a length where the time extrapolated from the previous length (by the slope measured so far,
-at least 2) passes ``max_call_s``, or where its estimated memory passes ``max_memory_bytes``.
+at least 2) passes ``max_call_s``, or where its memory passes ``max_memory_bytes`` (by default
+half a GPU's memory, 2 GiB of a CPU's): its measured peak extrapolated the same way (slope at
+least 1), or a fixed estimate for the materialised Fiber Bundle scores. A length that runs out
+of memory is run again without the variant that took the most at the previous length.
 
 Ratios to SDPA move when either side gets faster; the **floor ratio** does not: the measured time
 divided by the time this machine's matrix products would take for the variant's counted FLOPs
@@ -174,7 +177,8 @@ def kernel_scaling(
 
 
 def _largest(run: list[str], results: dict[str, Any]) -> str:
-    """The variant of ``run`` (``dot`` last) with the largest peak memory at its last length."""
+    """The variant of ``run`` other than ``dot`` with the largest peak memory at its last length
+    (the first of them when no peak was measured); ``dot`` when it is alone."""
 
     def peak(v: str) -> float:
         by = results[v]
@@ -190,27 +194,31 @@ def _skip_reason(
     itemsize: int, max_call_s: float, max_memory: float, results: dict[str, Any],
 ) -> str:  # fmt: skip
     mem = _estimated_bytes(v, batch, heads, length, itemsize)
-    peaks = sorted((int(k), r["peak_memory_bytes"]) for k, r in results.get(v, {}).items()
-                   if r.get("peak_memory_bytes"))  # fmt: skip
-    if peaks:  # the measured peak, grown by its own slope so far (at least linear)
-        slope = 1.0
-        if len(peaks) >= 2:
-            (la, ma), (lb, mb) = peaks[-2], peaks[-1]
-            slope = max(1.0, math.log(mb / ma) / math.log(lb / la))
-        mem = max(mem, peaks[-1][1] * (length / peaks[-1][0]) ** slope)
+    peak = _extrapolated(results.get(v, {}), "peak_memory_bytes", length, min_slope=1.0)
+    mem = max(mem, peak or 0.0)  # the measured peak, grown by its own slope (at least linear)
     if mem > max_memory:
         return f"estimated memory {mem / 2**30:.1f} GiB > {max_memory / 2**30:.1f} GiB"
     if v in last:
-        l0, t0 = last[v]
-        pts = sorted((int(k), r["forward_backward_s"]) for k, r in results[v].items())
-        slope = 2.0
-        if len(pts) >= 2:
-            (la, ta), (lb, tb) = pts[-2], pts[-1]
-            slope = max(2.0, math.log(tb / ta) / math.log(lb / la)) if ta > 0 and tb > 0 else 2.0
-        est = t0 * (length / l0) ** slope
-        if est > max_call_s:
+        est = _extrapolated(results[v], "forward_backward_s", length, min_slope=2.0)
+        if est is not None and est > max_call_s:
             return f"estimated {est:.0f} s per forward+backward > {max_call_s:g} s"
     return ""
+
+
+def _extrapolated(
+    by_length: dict[str, Any], key: str, length: int, min_slope: float
+) -> float | None:
+    """``key`` at ``length`` from its value at the longest length measured, grown by the
+    log-log slope of the last two lengths (at least ``min_slope``; ``min_slope`` itself with
+    one length); None when nothing is measured."""
+    pts = sorted((int(n), r[key]) for n, r in by_length.items() if r.get(key))
+    if not pts:
+        return None
+    slope = min_slope
+    if len(pts) >= 2:
+        (la, ya), (lb, yb) = pts[-2], pts[-1]
+        slope = max(min_slope, math.log(yb / ya) / math.log(lb / la))
+    return pts[-1][1] * (length / pts[-1][0]) ** slope
 
 
 def _count(

@@ -38,10 +38,12 @@ __all__ = [
     "kernel_sizes_sentence",
     "goal_sentence",
     "goals",
+    "at_longest",
     "kernel_figure",
     "kernel_frame",
     "kernel_summary",
     "live_kernel",
+    "longest_sentence",
     "live_kernel_figure",
     "live_train",
     "load_records",
@@ -112,6 +114,21 @@ def slope_frame(record: dict[str, Any]) -> pd.DataFrame:
         {"forward slope": fwd, "forward+backward slope": fb, "memory slope": mem,
          "longest L": longest}
     )  # fmt: skip
+
+
+def at_longest(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a :func:`kernel_frame` at each variant's longest length, indexed by variant."""
+    longest = frame.groupby("variant")["L"].transform("max")
+    return frame[frame["L"] == longest].set_index("variant")
+
+
+def longest_sentence(frame: pd.DataFrame, where: str = "") -> str:
+    """Each variant's forward+backward ratio to SDPA at its longest length, in words."""
+    each = ", ".join(
+        f"{v} {r['forward+backward / SDPA']:.1f}x (L = {int(r['L'])})"
+        for v, r in at_longest(frame).iterrows()
+    )
+    return f"{where}At the longest length each reached, the kernels run at {each} SDPA's forward+backward time."
 
 
 def kernel_figure(frame: pd.DataFrame, column: str, *, title: str, log_y: bool = True) -> go.Figure:

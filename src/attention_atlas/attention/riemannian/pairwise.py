@@ -31,13 +31,11 @@ PAIRWISE_CHUNK = 1 << 20
 #: a quarter of the slice budget (:func:`_budget`) per tile
 CAUSAL_BLOCK = 32
 #: on a GPU the same budgets in numbers: there each slice is a handful of kernel launches
-#: that the host issues one by one (at chapter 4's long shape the CPU's cache-sized slices made
-#: some 18,000 operator calls a step out of the causal terms, and the step 16x a dot step on
-#: an H200, host-bound), and memory is plentiful, so a slice may hold this many (256 MiB in
-#: float32): at that shape, with :data:`DEVICE_BLOCK`, one tile for the whole batch
+#: that the host issues one by one (at chapter 4's long shape the CPU's cache-sized slices, 88
+#: tiles a layer, made some 18,000 operator calls a step out of the causal terms, and the step
+#: 16x a dot step on an H200, host-bound), and memory is plentiful, so a slice may hold this
+#: many (256 MiB in float32): at that shape, with :data:`DEVICE_BLOCK`, one tile for the batch
 DEVICE_CHUNK = 1 << 26
-
-
 #: on a GPU, tokens per block of the causal products: fewer, larger tiles (at L = 128 one, the
 #: full ``2L`` columns: twice the causal half's products, but one launch instead of four)
 DEVICE_BLOCK = 128
