@@ -747,30 +747,40 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
             kt[c * np + j] = j < n ? kb[j * d + c] : (T)0;                                     \
         for (long i = 0; i < n; ++i) {                                                         \
             const T* qi = qb + i * d; T* RESTRICT row = A + (b * n + i) * n;                   \
-            const long m = i + 1;                                                              \
-            for (long j0 = 0; j0 < m; j0 += JB) { /* JB logits in registers, d steps */        \
+            const long m = i + 1, last = (m - 1) / JB * JB; /* the block holding j = i */      \
+            T mx[JB], lo[JB];                                                                  \
+            _Pragma("omp simd") for (long l = 0; l < JB; ++l) mx[l] = -INFINITY;               \
+            for (long j0 = 0; j0 < m; j0 += JB) { /* JB logits in registers, d steps; max */   \
                 T acc[JB] = {0};                                                               \
                 for (long c = 0; c < d; ++c) {                                                 \
                     const T a = sc * qi[c]; const T* RESTRICT kc = kt + c * np + j0;           \
                     _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[l] += a * kc[l];     \
                 }                                                                              \
-                _Pragma("omp simd") for (long l = 0; l < JB; ++l) zrow[j0 + l] = acc[l];       \
+                const long lim = m - j0; /* lanes l >= lim are above the diagonal */           \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                            \
+                    const T z = l < lim ? acc[l] : -INFINITY;                                  \
+                    zrow[j0 + l] = z; mx[l] = z > mx[l] ? z : mx[l];                           \
+                }                                                                              \
             }                                                                                  \
-            const long mb = (m + JB - 1) / JB * JB; /* whole blocks: no scalar remainders */  \
-            for (long j = m; j < mb; ++j) zrow[j] = -INFINITY;                                 \
-            T mx = zrow[0];                                                                    \
-            _Pragma("omp simd reduction(max:mx)") for (long j = 0; j < mb; ++j) mx = zrow[j] > mx ? zrow[j] : mx; \
-            _Pragma("omp simd") for (long j = 0; j < mb; ++j) zrow[j] = exp_nonpositive_##SUF(zrow[j] - mx); \
-            const T ei = zrow[i];                                                              \
-            zrow[i] = 0;                                                                       \
+            T top = mx[0];                                                                     \
+            for (long l = 1; l < JB; ++l) top = mx[l] > top ? mx[l] : top;                     \
+            _Pragma("omp simd") for (long l = 0; l < JB; ++l) lo[l] = 0;                       \
+            for (long j0 = 0; j0 < m; j0 += JB) { /* exp, and the sum below the diagonal */   \
+                const long cut = j0 == last ? i - j0 : JB; /* lane of j = i in the last block */ \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                            \
+                    const T e = exp_nonpositive_##SUF(zrow[j0 + l] - top);                     \
+                    zrow[j0 + l] = e; lo[l] += l < cut ? e : (T)0;                             \
+                }                                                                              \
+            }                                                                                  \
             double lower = 0.0;                                                                \
-            _Pragma("omp simd reduction(+:lower)") for (long j = 0; j < mb; ++j) lower += zrow[j]; \
-            zrow[i] = ei;                                                                      \
-            const double total = lower + ei;                                                   \
+            for (long l = 0; l < JB; ++l) lower += (double)lo[l];                              \
+            const double total = lower + (double)zrow[i];                                      \
             const T inv = (T)(1.0 / total);                                                    \
-            _Pragma("omp simd") for (long j = 0; j < mb; ++j) zrow[j] *= inv;                  \
-            memcpy(row, zrow, sizeof(T) * m);                                                  \
-            memset(row + m, 0, sizeof(T) * (n - m));                                           \
+            const long full = (last + JB <= n) ? last + JB : last; /* whole blocks in the row */ \
+            for (long j0 = 0; j0 < full; j0 += JB) { /* lanes above the diagonal hold 0 */    \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) row[j0 + l] = zrow[j0 + l] * inv; \
+            }                                                                                  \
+            for (long j = full; j < n; ++j) row[j] = j < m ? zrow[j] * inv : (T)0;             \
             s[b * n + i] = lower / total;                                                      \
         }                                                                                      \
         double m = 1.0, dm;                                                                    \
