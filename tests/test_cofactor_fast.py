@@ -9,8 +9,15 @@ import math
 import pytest
 import torch
 
+from attention_atlas import native
 from attention_atlas.cofactor import cofactor_penalty, head_probs, softmax_matrices
-from attention_atlas.cofactor.penalty import CausalHeadPenalty, FastPenalty, regularizer
+from attention_atlas.cofactor.heads import head_qk
+from attention_atlas.cofactor.penalty import (
+    CausalHeadPenalty,
+    CausalHeadsPenalty,
+    FastPenalty,
+    regularizer,
+)
 
 F64 = torch.float64
 
@@ -210,14 +217,18 @@ def test_head_probs_from_the_forward_equal_the_recomputed_and_the_explicit_ones(
 
 
 @pytest.mark.parametrize("task", ["lm", "classify"])
-def test_regularizer_gradient_equals_the_minors_reference_on_the_explicit_probabilities(task):
-    """The harness's regulariser (forward's q, k; the closed form for the causal model) against
-    the O(n^4) minors on the explicit path's probabilities: value and every parameter's
-    gradient (float64 model)."""
+@pytest.mark.parametrize("kernels", [False, True])
+def test_regularizer_gradient_equals_the_minors_reference_on_the_explicit_probabilities(
+    task, kernels
+):
+    """The harness's regulariser (forward's q, k; the closed form for the causal model, with
+    ``kernels`` the native one reading the heads in place) against the O(n^4) minors on the
+    explicit path's probabilities: value and every parameter's gradient (float64 model)."""
     model, x = _model(task)
     params = list(model.parameters())
     out = model(x)
-    fast = regularizer(model, out, None, heads=2, beta=0.1)
+    with native.enabled(kernels):
+        fast = regularizer(model, out, None, heads=2, beta=0.1)
     g_fast = torch.autograd.grad(fast, params, allow_unused=True)
     probs = [a.probs[:, :2] for a in model(x, need_weights=True).attentions]
     ref = cofactor_penalty(torch.cat([p.reshape(-1, 9 if task == "lm" else 7,
@@ -230,3 +241,41 @@ def test_regularizer_gradient_equals_the_minors_reference_on_the_explicit_probab
             assert a is None or float(a.abs().max()) == 0.0
             continue
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9 * float(b.abs().max()) + 1e-15)
+
+
+@pytest.mark.parametrize(("heads", "items"), [(1, None), ([1, 3], 2), ([2, 0], None)])
+def test_native_heads_read_in_place_give_the_stacked_heads_numbers_to_the_last_bit(heads, items):
+    """The regulariser's native path (:class:`CausalHeadsPenalty`, the heads read where the
+    forward left them) against :class:`CausalHeadPenalty`'s kernel on stacked copies: the same
+    loss and the same gradient of every parameter, bit for bit (float32, as trained)."""
+    model, x = _model("lm")
+    model = model.float()
+    params = list(model.parameters())
+    out = model(x)
+    with native.enabled(True):
+        got = regularizer(model, out, None, heads=heads, beta=0.1, max_items=items)
+        g_got = torch.autograd.grad(got, params, retain_graph=True, allow_unused=True)
+        q, k, temperature = head_qk(model, out, heads=heads, max_items=items)
+        scale = 1.0 / (math.sqrt(q.shape[-1]) * temperature)
+        want = CausalHeadPenalty.apply(q.flatten(0, -3), k.flatten(0, -3), scale, 0.1, 1e-8).mean()
+        g_want = torch.autograd.grad(want, params, allow_unused=True)
+    assert torch.equal(got, want)
+    for a, b in zip(g_got, g_want):
+        assert (a is None) == (b is None)
+        assert a is None or torch.equal(a, b)
+
+
+def test_native_heads_read_in_place_pass_gradcheck():
+    """:class:`CausalHeadsPenalty` on strided views ``(B, H, n, d)`` of a projection (q and k
+    interleaved, as a forward's ``qkv``), two layers, heads 2 and 0 of the first two items."""
+    g = torch.Generator().manual_seed(11)
+    qkv = [torch.randn(3, 6, 2, 3, 4, dtype=F64, generator=g).requires_grad_() for _ in range(2)]
+
+    def loss(*ps: torch.Tensor) -> torch.Tensor:
+        qs = [p.permute(2, 0, 3, 1, 4)[0] for p in ps]  # (B, H, n, d) views, rows 2 H d apart
+        ks = [p.permute(2, 0, 3, 1, 4)[1] for p in ps]
+        with native.enabled(True):
+            return CausalHeadsPenalty.apply(([2, 0], 2, 0.4, 0.3, 1e-8), *qs, *ks)
+
+    assert loss(*qkv).shape == (2 * 2 * 2,)
+    assert torch.autograd.gradcheck(loss, qkv)

@@ -127,6 +127,14 @@ def test_skew_factors_apply_equals_torch_path(shape: tuple[int, ...], pairs: int
     x = torch.randn(b, seq, h, d, dtype=DT, generator=g)
     w = torch.rand(pairs, dtype=DT, generator=g)
     _assert_same(_both_paths(G.skew_factors_apply, [wt, x, w]))
+    # the pairs as separate tensors and x a transposed view, as the model passes them
+    per_pair = list(wt.view(b, seq, h, pairs, 2, r, d).unbind(3))
+    xt = x.transpose(1, 2).contiguous()  # (b, h, seq, d)
+
+    def split(*a: torch.Tensor) -> torch.Tensor:
+        return G.skew_factors_apply(list(a[:-2]), a[-2].transpose(1, 2), a[-1])
+
+    _assert_same(_both_paths(split, [*per_pair, xt, w]))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -191,7 +199,14 @@ GRADCHECKS = {
         [(7, 3, 5), (), (7, 5), (7, 5)],
     ),  # fmt: skip
     "woodbury": (NF.WoodburyApply.apply, [(7, 3, 5), (7, 5)]),
-    "skew": (NF.SkewFactorsApply.apply, [(7, 4, 2, 5), (7, 5), (2,)]),
+    "skew": (  # one tensor of both pairs, x contiguous
+        lambda wt, x, w: NF.SkewFactorsApply.apply(x, w, wt),
+        [(7, 1, 1, 4, 2, 5), (7, 1, 1, 5), (2,)],
+    ),
+    "skew_pairs": (  # a tensor per pair, x a transposed view (B, H, Q, d) -> (B, Q, H, d)
+        lambda a, b, xt, w: NF.SkewFactorsApply.apply(xt.transpose(1, 2), w, a, b),
+        [(2, 3, 2, 2, 2, 5), (2, 3, 2, 2, 2, 5), (2, 2, 3, 5), (2,)],
+    ),
     "gram": (NF.GramSums.apply, [(3, 6, 2, 5)]),
 }
 

@@ -68,9 +68,14 @@ def test_weights_path_equals_fast_path_and_reports_diagnostics(name):
     assert rel(fast.out, slow.out) < TOL
     assert slow.probs is not None and slow.probs.shape == (2, 2, 9, 9)
     assert int(slow.diagnostics["nonfinite_logits"]) == 0
-    kappa = (fast.extras["metric_factor"].detach() ** 2).sum((-1, -2))
-    assert float(fast.diagnostics["metric_kappa_mean"]) == pytest.approx(float(kappa.mean()))
-    assert float(fast.diagnostics["metric_kappa_max"]) == pytest.approx(float(kappa.max()))
+    assert "metric_kappa_mean" not in fast.diagnostics  # a training forward skips monitoring
+    attn.eval()
+    watched = attn(x, causal=True)
+    kappa = (watched.extras["metric_factor"].detach() ** 2).sum((-1, -2))
+    assert float(watched.diagnostics["metric_kappa_mean"]) == pytest.approx(float(kappa.mean()))
+    assert float(watched.diagnostics["metric_kappa_max"]) == pytest.approx(float(kappa.max()))
+    with torch.no_grad():  # so does any forward without autograd, in either mode
+        assert "metric_kappa_var" in attn.train()(x, causal=True).diagnostics
 
 
 def test_fiber_bundle_attention_is_riemannian_attention_with_eq16_scores():

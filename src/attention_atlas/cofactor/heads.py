@@ -31,6 +31,7 @@ __all__ = [
     "head_indices",
     "head_logits",
     "head_qk",
+    "head_qk_views",
     "head_probs",
     "select_heads",
     "strictly_upper",
@@ -118,6 +119,43 @@ def head_qk(
     the forward's own or recomputed (module docstring), and the layers' temperature ``T`` (the
     logits are ``q k^T / (sqrt(d) T)``); differentiable. None unless every chosen layer is
     dot-product attention of one shape and temperature. Arguments as :func:`head_probs`."""
+    found = _dot_layers(model, output, layers, heads)
+    if found is None:
+        return None
+    hidden, blocks, chosen, idx, temperature = found
+    qk = _forward_qk(output, chosen, idx, max_items)
+    if qk is None:
+        qk = _recomputed_qk(blocks, hidden, chosen, idx, max_items)
+    q, k = qk
+    return q, k, temperature
+
+
+def head_qk_views(
+    model: Any,
+    output: Any,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | int | None = 1,
+) -> tuple[list[Tensor], list[Tensor], list[int], float] | None:
+    """The chosen layers' whole query and key tensors ``(B, H, L, d)`` as the forward returned
+    them (views of its projection, every head), the chosen head indices and the temperature:
+    what a kernel that reads the chosen heads in place needs (no slice or stack). None where
+    :func:`head_qk` would return None or recompute (a forward without autograd)."""
+    found = _dot_layers(model, output, layers, heads)
+    if found is None:
+        return None
+    _, _, chosen, idx, temperature = found
+    extras = _forward_extras(output, chosen)
+    if extras is None:
+        return None
+    return [e["query"] for e in extras], [e["key"] for e in extras], idx, temperature
+
+
+def _dot_layers(
+    model: Any, output: Any, layers: Sequence[int] | None, heads: Sequence[int] | int | None
+) -> tuple[Sequence[Tensor], Any, list[int], list[int], float] | None:
+    """``(hidden, blocks, chosen layers, head indices, temperature)``, or None unless every
+    chosen layer is dot-product attention of one shape and temperature."""
     from ..attention.dot import DotProductAttention
 
     hidden, blocks = _checked_model(model, output)
@@ -129,11 +167,7 @@ def head_qk(
         or len({(a.n_heads, a.head_dim, a.temperature) for a in attns}) > 1
     ):
         return None
-    qk = _forward_qk(output, chosen, idx, max_items)
-    if qk is None:
-        qk = _recomputed_qk(blocks, hidden, chosen, idx, max_items)
-    q, k = qk
-    return q, k, attns[0].temperature
+    return hidden, blocks, chosen, idx, attns[0].temperature
 
 
 def head_logits(
@@ -204,17 +238,26 @@ def strictly_upper(logits: Tensor) -> Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=logits.device).triu(1)
 
 
+def _forward_extras(output: Any, chosen: list[int]) -> list[dict[str, Tensor]] | None:
+    """The chosen layers' ``extras`` when each holds the forward's ``query`` and ``key``, else
+    None (a forward without autograd does not return them)."""
+    atts = getattr(output, "attentions", None)
+    if atts is None or len(atts) <= max(chosen):
+        return None
+    extras = [getattr(atts[li], "extras", None) or {} for li in chosen]
+    if not all("query" in e and "key" in e for e in extras):
+        return None
+    return extras
+
+
 def _forward_qk(
     output: Any, chosen: list[int], idx: list[int], max_items: int | None
 ) -> tuple[Tensor, Tensor] | None:
     """The chosen heads' queries and keys ``(layers, B, h, L, d)`` as the forward computed them
     (``extras["query"]``, ``extras["key"]`` of each chosen layer's result), or None when a
     layer did not return them (a forward without autograd)."""
-    atts = getattr(output, "attentions", None)
-    if atts is None or len(atts) <= max(chosen):
-        return None
-    extras = [getattr(atts[li], "extras", None) or {} for li in chosen]
-    if not all("query" in e and "key" in e for e in extras):
+    extras = _forward_extras(output, chosen)
+    if extras is None:
         return None
     heads = slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else idx
     q = torch.stack([e["query"][:max_items, heads] for e in extras])

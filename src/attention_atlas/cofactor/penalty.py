@@ -60,11 +60,13 @@ from .cofactors import (
     _with_fallback,
     lu_cofactors,
 )
-from .heads import attention_probs, head_probs, head_qk, select_heads
+from .heads import attention_probs, head_probs, head_qk, head_qk_views, select_heads
+from .native_heads import CausalHeadsPenalty, HeadMatrices
 
 __all__ = [
     "PENALTY_METHODS",
     "CausalHeadPenalty",
+    "CausalHeadsPenalty",
     "FastPenalty",
     "cofactor_flops",
     "cofactor_penalty",
@@ -191,9 +193,8 @@ class CausalHeadPenalty(torch.autograd.Function):
         b, n, d = q.shape
         if native.active(q, k):  # the native kernel (opt-in): the same maths, loss included
             q, k = q.contiguous(), k.contiguous()
-            A, s = q.new_empty(b, n, n), q.new_empty(b, n, dtype=torch.float64)
-            loss = q.new_empty(b, dtype=torch.float64)
-            native.call("causal_head_forward", q, k, A, s, loss, b, n, d, scale, beta, eps)
+            heads = HeadMatrices([q.unsqueeze(1)], [k.unsqueeze(1)], [0], b)
+            loss, A, s = heads.forward(scale, beta, eps)
             ctx.save_for_backward(q, k, A, s)
             ctx.consts = (scale, beta, eps, True)  # type: ignore[attr-defined]
             return loss
@@ -214,8 +215,8 @@ class CausalHeadPenalty(torch.autograd.Function):
         if fast:  # dloss/dm, the exclusive products and dq, dk in the kernel
             q, k, A, s = ctx.saved_tensors  # type: ignore[attr-defined]
             gq, gk = torch.empty_like(q), torch.empty_like(k)
-            native.call("causal_head_backward", q, k, A, g.to(torch.float64).contiguous(), s,
-                        gq, gk, *q.shape, scale, beta, eps)  # fmt: skip
+            heads = HeadMatrices([q.unsqueeze(1)], [k.unsqueeze(1)], [0], q.shape[0])
+            heads.backward(g, A, s, [gq.unsqueeze(1)], [gk.unsqueeze(1)], scale, beta, eps)
             return gq, gk, None, None, None
         q, k, A, s, m = ctx.saved_tensors  # type: ignore[attr-defined]
         n = A.shape[-1]
@@ -398,6 +399,13 @@ def regularizer(
             probs, layers=layers, heads=heads, max_items=max_items, **opts
         )
     if causal and method == "lu":  # dot-product heads: queries and keys are all it needs
+        views = head_qk_views(model, output, layers=layers, heads=heads)
+        if views is not None and native.active(*views[0], *views[1]):  # read in place
+            qs, ks, idx, temperature = views
+            items = qs[0].shape[0] if max_items is None else min(max_items, qs[0].shape[0])
+            scale = 1.0 / (math.sqrt(qs[0].shape[-1]) * temperature)
+            spec = (idx, items, scale, float(beta), float(eps))
+            return CausalHeadsPenalty.apply(spec, *qs, *ks).mean()
         qk = head_qk(model, output, layers=layers, heads=heads, max_items=max_items)
         if qk is not None:
             q, k, temperature = qk  # (layers, B, h, n, d)

@@ -135,12 +135,12 @@ _SIGNATURES = {
     "projection_backward": "pppppnnnf",
     "woodbury_forward": "pppnnn",
     "woodbury_backward": "pppppnnn",
-    "skew_forward": "ppppnnnn",
-    "skew_backward": "pppppppnnnn",
+    "skew_forward": "ppppnnnnnnnnnn",
+    "skew_backward": "pppppppnnnnnnnnnn",
     "gram_forward": "pppppnnnn",
     "gram_backward": "ppppppnnnn",
-    "causal_head_forward": "pppppnnnfff",
-    "causal_head_backward": "pppppppnnnfff",
+    "causal_head_forward": "pppppnnnnnfff",
+    "causal_head_backward": "pppppppnnnnnnnfff",
 }
 _CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
 #: the largest metric or factor rank the kernels take (RMAX in kernels.c)

@@ -13,6 +13,7 @@ maths, other rounding), and each is tested against that function's reference in 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -43,9 +44,7 @@ class CausalPairwiseTerms(torch.autograd.Function):
     def forward(
         ctx: Any, base: Tensor, ut: Tensor, x: Tensor, scale: float, softmax: bool
     ) -> Tensor:  # type: ignore[override]
-        seq = ut.shape[1]
-        call("pairwise_forward", ut, x, base, *ut.shape, float(scale), 1)
-        base.masked_fill_(_above_diagonal(seq, base.device), float("-inf"))
+        call("pairwise_forward", ut, x, base, *ut.shape, float(scale), 1)  # -inf above the diagonal
         ctx.scale, ctx.softmax = scale, softmax
         if softmax:
             out = torch.softmax(base, -1)
@@ -141,25 +140,60 @@ class WoodburyApply(torch.autograd.Function):
 
 
 class SkewFactorsApply(torch.autograd.Function):
-    """``x + sum_p w_p (L_p R_p^T - R_p L_p^T) x``: ``wt (N, 2P, r, d)``, ``x (N, d)``, ``w (P,)``."""
+    """``x + sum_p w_p (L_p R_p^T - R_p L_p^T) x`` per token: ``x (B, Q, H, d)`` (any strides
+    with ``d`` contiguous: a transposed view is read in place), ``w (P,)`` and the pairs'
+    transposed factors ``L_p^T, R_p^T``, either one tensor per pair ``(B, Q, H, 2, r, d)``
+    (``P`` tensors, e.g. the outputs of two nets, never stacked) or one tensor ``(B, Q, H, 2P,
+    r, d)``; all contiguous. Returns ``y (B, Q, H, d)``, contiguous; ``dx`` has ``x``'s strides."""
 
     @staticmethod
-    def forward(ctx: Any, wt: Tensor, x: Tensor, w: Tensor) -> Tensor:  # type: ignore[override]
-        n, p2, r, d = wt.shape
-        y = torch.empty_like(x)
+    def forward(ctx: Any, x: Tensor, w: Tensor, *factors: Tensor) -> Tensor:  # type: ignore[override]
+        *_, r, d = factors[0].shape
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         wc = w.detach().contiguous()
-        call("skew_forward", wt, x, wc, y, n, p2 // 2, r, d)
-        ctx.save_for_backward(wt, x, wc)
+        ptrs, fs = _pair_pointers(factors, w.shape[0])
+        call("skew_forward", ptrs.data_ptr(), x.data_ptr(), wc, y, *_strided(x), w.shape[0],
+             r, d, fs)  # fmt: skip
+        ctx.save_for_backward(x, wc, *factors)
         return y
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        wt, x, w = ctx.saved_tensors
-        n, p2, r, d = wt.shape
-        d_wt, dx = torch.empty_like(wt), torch.empty_like(x)
-        dw = torch.zeros(p2 // 2, dtype=torch.float64)
-        call("skew_backward", wt, x, g.contiguous(), w, d_wt, dx, dw, n, p2 // 2, r, d)
-        return d_wt, dx, dw.to(w.dtype)
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, w, *factors = ctx.saved_tensors
+        *_, r, d = factors[0].shape
+        d_factors = [torch.empty_like(f) for f in factors]
+        dx = torch.empty_like(x)  # x's strides (a dense view keeps them)
+        dw = torch.zeros(w.shape[0], dtype=torch.float64)
+        ptrs, fs = _pair_pointers(factors, w.shape[0])
+        dptrs, _ = _pair_pointers(d_factors, w.shape[0])
+        call("skew_backward", ptrs.data_ptr(), x.data_ptr(), g.contiguous(), w, dptrs.data_ptr(),
+             dx.data_ptr(), dw, *_strided(x), w.shape[0], r, d, fs)  # fmt: skip
+        return (dx, dw.to(w.dtype), *d_factors)
+
+
+def _pair_pointers(factors: Sequence[Tensor], pairs: int) -> tuple[Tensor, int]:
+    """The address of each pair's first factor and the factors' stride between tokens (in
+    elements): one tensor per pair ``(..., 2, r, d)``, or one ``(..., 2P, r, d)``."""
+    for f in factors:
+        if not f.is_contiguous() or f.device.type != "cpu":
+            raise ValueError(f"the skew factors must be contiguous CPU tensors, got {f.device} "
+                             f"strides {f.stride()}")  # fmt: skip
+    *_, p2, r, d = factors[0].shape
+    size = factors[0].element_size()
+    if len(factors) == 1:  # (..., 2P, r, d): pair p starts 2 p r d numbers into each token
+        base = factors[0].data_ptr()
+        addresses = [base + 2 * p * r * d * size for p in range(pairs)]
+    else:
+        addresses = [f.data_ptr() for f in factors]
+    return torch.tensor(addresses, dtype=torch.int64), p2 * r * d
+
+
+def _strided(x: Tensor) -> tuple[int, ...]:
+    """``(B, Q, H, sb, sl, sh)`` of ``x (B, Q, H, d)`` with ``d`` contiguous."""
+    if x.dim() != 4 or x.stride(-1) != 1 or x.device.type != "cpu":
+        raise ValueError(f"x must be a (B, Q, H, d) CPU tensor with d contiguous, got shape "
+                         f"{tuple(x.shape)}, strides {x.stride()}, {x.device}")  # fmt: skip
+    return (*x.shape[:3], *x.stride()[:3])
 
 
 class GramSums(torch.autograd.Function):

@@ -14,7 +14,7 @@
  * The pairwise metric terms of eq. (16) (attention_atlas.attention.riemannian.pairwise):
  *   P_ij = scale * ( sum_r (a_ir - u_ir . k_j)^2 + sum_r (u_jr . q_i - b_jr)^2 ),
  *   a_ir = u_ir . q_i,  b_jr = u_jr . k_j,
- * for j <= i (causal) or every j. Vectorised over j: each item's keys, queries' transposes
+ * for j <= i (causal, and -inf written above the diagonal) or every j. Vectorised over j: each item's keys, queries' transposes
  * and factors are first copied token-innermost ((d, L), (r, d, L)) so every inner loop runs
  * over contiguous j.
  */
@@ -99,6 +99,7 @@ static inline __attribute__((always_inline)) void forward_item_##SUF(           
             const long jn = m - j0 < JB ? m - j0 : JB;                                         \
             for (long jj = 0; jj < jn; ++jj) o[j0 + jj] += scale * row[jj];                    \
         }                                                                                      \
+        for (long j = m; j < L; ++j) o[j] = -INFINITY; /* causal: above the diagonal */        \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
@@ -465,22 +466,25 @@ static inline __attribute__((always_inline)) void woodbury_backward_body_##SUF( 
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-/* y = x + sum_p w_p (L_p R_p^T - R_p L_p^T) x per token (transport eq. (24) and torsion      \
-   eq. (22)): wt (N, 2P, r, d) holds L_1^T, R_1^T, L_2^T, ...; x, y (N, d); w (P) */           \
-static inline __attribute__((always_inline)) void skew_forward_body_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT w,        \
-                        T* RESTRICT y, long N, long P, long r, long d) {                       \
-    for (long n = 0; n < N; ++n) {                                                             \
-        const T* f = wt + n * 2 * P * r * d;                                                   \
-        const T* xn = x + n * d;                                                               \
+/* y = x + sum_p w_p (L_p R_p^T - R_p L_p^T) x per token (transport eq. (24) and torsion       \
+   eq. (22)). The tokens n = (b Q + l) H + h, b < B, l < Q, h < H; wts[p] (N, 2, r, d) holds   \
+   L_p^T, R_p^T of pair p (one pointer per pair: the pairs come from different nets); x is read\
+   at b sb + l sl + h sh (strides of a (B, Q, H, d) view, d contiguous); y (N, d); w (P). */   \
+static inline __attribute__((always_inline)) void skew_forward_body_##SUF(                     \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
+        long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs) {           \
+    for (long b = 0; b < B; ++b) for (long l = 0; l < Q; ++l) for (long h = 0; h < H; ++h) {   \
+        const long n = (b * Q + l) * H + h;                                                    \
+        const T* xn = x + b * sb + l * sl + h * sh;                                            \
         T* yn = y + n * d;                                                                     \
         for (long c = 0; c < d; ++c) yn[c] = xn[c];                                            \
         for (long p = 0; p < P; ++p) {                                                         \
-            const T* lt = f + 2 * p * r * d;                                                   \
+            const T* lt = wts[p] + n * fs;                                              \
             const T* rt = lt + r * d;                                                          \
             for (long t = 0; t < r; ++t) {                                                     \
                 T cl = 0, cr = 0;                                                              \
                 _Pragma("omp simd reduction(+:cl,cr)")                                         \
-                for (long c = 0; c < d; ++c) { cl += lt[t * d + c] * xn[c]; cr += rt[t * d + c] * xn[c]; } \
+                for (long c = 0; c < d; ++c) { cl += lt[t * d + c] * xn[c]; cr += rt[t * d + c] * xn[c]; }\
                 cl *= w[p]; cr *= w[p];                                                        \
                 for (long c = 0; c < d; ++c) yn[c] += cr * lt[t * d + c] - cl * rt[t * d + c]; \
             }                                                                                  \
@@ -488,22 +492,23 @@ static inline __attribute__((always_inline)) void skew_forward_body_##SUF(const 
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-/* its backward for g: dx = g - sum_p w_p T_p g, dL^T = w (c_R g^T - e_R x^T),                 \
-   dR^T = w (e_L x^T - c_L g^T) (written), dw_p += sum e_L . c_R - e_R . c_L (accumulated) */  \
-static inline __attribute__((always_inline)) void skew_backward_body_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT g,       \
-                         const T* RESTRICT w, T* RESTRICT dwt, T* RESTRICT dx, double* dw,     \
-                         long N, long P, long r, long d) {                                     \
-    for (long n = 0; n < N; ++n) {                                                             \
-        const T* f = wt + n * 2 * P * r * d;                                                   \
-        T* df = dwt + n * 2 * P * r * d;                                                       \
-        const T* xn = x + n * d;                                                               \
+/* its backward for g (N, d): dx = g - sum_p w_p T_p g (written at x's strides), dL^T = w (c_R \
+   g^T - e_R x^T), dR^T = w (e_L x^T - c_L g^T) (written to dwts[p], laid out as wts[p]),      \
+   dw_p += sum e_L . c_R - e_R . c_L (accumulated) */                                          \
+static inline __attribute__((always_inline)) void skew_backward_body_##SUF(                    \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, \
+        T* const* RESTRICT dwts, T* RESTRICT dx, double* dw,                                   \
+        long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs) {           \
+    for (long b = 0; b < B; ++b) for (long l = 0; l < Q; ++l) for (long h = 0; h < H; ++h) {   \
+        const long n = (b * Q + l) * H + h;                                                    \
+        const T* xn = x + b * sb + l * sl + h * sh;                                            \
         const T* gn = g + n * d;                                                               \
-        T* dxn = dx + n * d;                                                                   \
+        T* dxn = dx + b * sb + l * sl + h * sh;                                                \
         for (long c = 0; c < d; ++c) dxn[c] = gn[c];                                           \
         for (long p = 0; p < P; ++p) {                                                         \
-            const T* lt = f + 2 * p * r * d;                                                   \
+            const T* lt = wts[p] + n * fs;                                              \
             const T* rt = lt + r * d;                                                          \
-            T* dl = df + 2 * p * r * d;                                                        \
+            T* dl = dwts[p] + n * fs;                                                   \
             T* dr = dl + r * d;                                                                \
             T dwp = 0;                                                                         \
             for (long t = 0; t < r; ++t) {                                                     \
@@ -663,17 +668,17 @@ void woodbury_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T*
     if (r == 8 && d == 16) { woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, 8, 16); return; }\
     woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, r, d);                                 \
 }                                                                                              \
-void skew_forward_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long N, long P, long r, long d) {\
-    if (r == 2 && d == 16) { skew_forward_body_##SUF(wt, x, w, y, N, P, 2, 16); return; }      \
-    if (r == 4 && d == 16) { skew_forward_body_##SUF(wt, x, w, y, N, P, 4, 16); return; }      \
-    if (r == 8 && d == 16) { skew_forward_body_##SUF(wt, x, w, y, N, P, 8, 16); return; }      \
-    skew_forward_body_##SUF(wt, x, w, y, N, P, r, d);                                          \
+void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs) {\
+    if (r == 2 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
+    if (r == 4 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 4, 16, fs); return; }\
+    if (r == 8 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 8, 16, fs); return; }\
+    skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, d, fs);                       \
 }                                                                                              \
-void skew_backward_##SUF(const T* RESTRICT wt, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* RESTRICT dwt, T* RESTRICT dx, double* dw, long N, long P, long r, long d) {\
-    if (r == 2 && d == 16) { skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, 2, 16); return; }\
-    if (r == 4 && d == 16) { skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, 4, 16); return; }\
-    if (r == 8 && d == 16) { skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, 8, 16); return; }\
-    skew_backward_body_##SUF(wt, x, g, w, dwt, dx, dw, N, P, r, d);                            \
+void skew_backward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs) {\
+    if (r == 2 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
+    if (r == 4 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 4, 16, fs); return; }\
+    if (r == 8 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 8, 16, fs); return; }\
+    skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, r, d, fs);        \
 }                                                                                              \
 void gram_forward_##SUF(const T* RESTRICT ut, T* RESTRICT self_sq, T* RESTRICT cross, T* RESTRICT total, T* RESTRICT M, long N, long L, long r, long d) {\
     if (r == 2 && d == 16) { gram_forward_body_##SUF(ut, self_sq, cross, total, M, N, L, 2, 16); return; }\
@@ -692,13 +697,16 @@ DEFINE_TOKEN_KERNELS(float, f32)
 DEFINE_TOKEN_KERNELS(double, f64)
 
 /* ---- the closed-form penalty of causal dot-product heads (cofactor.penalty.CausalHeadPenalty)
- * q, k (B, n, d); z_ij = scale q_i . k_j for j <= i; A (B, n, n) its row softmax, 0 above the
- * diagonal; s (B, n, double) s_i = sum_{j<i} A_ij (positive terms, summed in double); loss (B,
- * double) the penalty of each head from m = prod_{i>=1} s_i (causal_head_loss).
+ * B matrices, matrix b's queries and keys from qs[b] and ks[b], token i at qs[b] + i rq (rows
+ * of d contiguous numbers: a head's view of a projection is read in place); z_ij = scale q_i .
+ * k_j for j <= i; A (B, n (n + 1) / 2) its row softmax, the entries j <= i of row i packed
+ * from i (i + 1) / 2; s (B, n, double) s_i = sum_{j<i} A_ij (positive terms: per-lane float
+ * sums added in double); loss (B, double) the penalty of each head from m = prod_{i>=1} s_i
+ * (causal_head_loss).
  * Backward: g (B, double) dloss_b; gs_i = scale g dloss/dm dm/ds_i (dm/ds_i the exclusive
  * product of the other s_k, by prefix and suffix products: exact where an s_k vanishes);
  * dz_ij = A_ij gs_i ([j < i] - s_i) for j <= i; dq_i = sum_j dz_ij k_j, dk_j = sum_i dz_ij
- * q_i (dq, dk (B, n, d), overwritten).
+ * q_i (written to dqs[b], dks[b] with row strides rdq, rdk; overwritten).
  * The forward runs over blocks of JB contiguous j (each matrix's keys staged transposed,
  * (d, n) padded to a multiple of JB), the logits of a block in registers. */
 
@@ -736,17 +744,17 @@ static inline double exp_nonpositive_f64(double x) { return exp(x); }
 
 #define DEFINE_CAUSAL_HEAD_KERNELS(T, SUF)                                                     \
 static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF(              \
-    const T* RESTRICT q, const T* RESTRICT k, T* RESTRICT A, double* RESTRICT s, long B,      \
-    double* RESTRICT loss, long n, long d, double scale, double beta, double eps,             \
-    T* RESTRICT kt, T* RESTRICT zrow) {                                                        \
+    T* const* RESTRICT qs, T* const* RESTRICT ks, long rq, long rk, T* RESTRICT A,           \
+    double* RESTRICT s, long B, double* RESTRICT loss, long n, long d, double scale,          \
+    double beta, double eps, T* RESTRICT kt, T* RESTRICT zrow) {                               \
     const T sc = (T)scale;                                                                     \
-    const long np = (n + JB - 1) / JB * JB;                                                    \
+    const long np = (n + JB - 1) / JB * JB, tri = n * (n + 1) / 2;                             \
     for (long b = 0; b < B; ++b) {                                                             \
-        const T* qb = q + b * n * d; const T* kb = k + b * n * d;                              \
+        const T* RESTRICT qb = qs[b]; const T* RESTRICT kb = ks[b];                            \
         for (long c = 0; c < d; ++c) for (long j = 0; j < np; ++j)                             \
-            kt[c * np + j] = j < n ? kb[j * d + c] : (T)0;                                     \
+            kt[c * np + j] = j < n ? kb[j * rk + c] : (T)0;                                    \
         for (long i = 0; i < n; ++i) {                                                         \
-            const T* qi = qb + i * d; T* RESTRICT row = A + (b * n + i) * n;                   \
+            const T* qi = qb + i * rq; T* RESTRICT row = A + b * tri + i * (i + 1) / 2;        \
             const long m = i + 1, last = (m - 1) / JB * JB; /* the block holding j = i */      \
             T mx[JB], lo[JB];                                                                  \
             _Pragma("omp simd") for (long l = 0; l < JB; ++l) mx[l] = -INFINITY;               \
@@ -776,11 +784,10 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
             for (long l = 0; l < JB; ++l) lower += (double)lo[l];                              \
             const double total = lower + (double)zrow[i];                                      \
             const T inv = (T)(1.0 / total);                                                    \
-            const long full = (last + JB <= n) ? last + JB : last; /* whole blocks in the row */ \
-            for (long j0 = 0; j0 < full; j0 += JB) { /* lanes above the diagonal hold 0 */    \
+            for (long j0 = 0; j0 < last; j0 += JB) { /* the row's m entries, packed */        \
                 _Pragma("omp simd") for (long l = 0; l < JB; ++l) row[j0 + l] = zrow[j0 + l] * inv; \
             }                                                                                  \
-            for (long j = full; j < n; ++j) row[j] = j < m ? zrow[j] * inv : (T)0;             \
+            for (long j = last; j < m; ++j) row[j] = zrow[j] * inv;                            \
             s[b * n + i] = lower / total;                                                      \
         }                                                                                      \
         double m = 1.0, dm;                                                                    \
@@ -789,12 +796,14 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
     }                                                                                          \
 }                                                                                              \
 static inline __attribute__((always_inline)) void causal_head_backward_body_##SUF(             \
-    const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT A, const double* RESTRICT g,  \
-    const double* RESTRICT s, T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d,         \
-    double scale, double beta, double eps, double* RESTRICT gs, double* RESTRICT after) {     \
-    memset(dk, 0, sizeof(T) * B * n * d);                                                      \
+    T* const* RESTRICT qs, T* const* RESTRICT ks, long rq, long rk, const T* RESTRICT A,     \
+    const double* RESTRICT g, const double* RESTRICT s, T* const* RESTRICT dqs,              \
+    T* const* RESTRICT dks, long rdq, long rdk, long B, long n, long d, double scale,          \
+    double beta, double eps, double* RESTRICT gs, double* RESTRICT after) {                   \
     for (long b = 0; b < B; ++b) {                                                             \
-        const T* qb = q + b * n * d; const T* kb = k + b * n * d; T* dkb = dk + b * n * d;     \
+        const T* RESTRICT qb = qs[b]; const T* RESTRICT kb = ks[b];                            \
+        T* RESTRICT dqb = dqs[b]; T* RESTRICT dkb = dks[b];                                    \
+        for (long j = 0; j < n; ++j) memset(dkb + j * rdk, 0, sizeof(T) * d);                 \
         const double* sb = s + b * n;                                                          \
         double m = 1.0, dm;                                                                    \
         for (long i = 1; i < n; ++i) m *= sb[i];                                               \
@@ -806,39 +815,43 @@ static inline __attribute__((always_inline)) void causal_head_backward_body_##SU
         gs[0] = 0.0;                                                                           \
         for (long i = 1; i < n; ++i) { gs[i] = c * before * after[i]; before *= sb[i]; }       \
         for (long i = 0; i < n; ++i) {                                                         \
-            const T* qi = qb + i * d; const T* row = A + (b * n + i) * n;                      \
-            T* dqi = dq + (b * n + i) * d;                                                     \
+            const T* qi = qb + i * rq; const T* row = A + b * (n * (n + 1) / 2) + i * (i + 1) / 2; \
+            T* dqi = dqb + i * rdq;                                                            \
             const T gi = (T)gs[i], gsi = (T)(gs[i] * sb[i]);                                   \
-            for (long c = 0; c < d; ++c) dqi[c] = 0;                                           \
+            T aq[d]; /* dq_i kept local: the compiler cannot tell that dqi (a pointer read     \
+                        from an array) shares no memory with the dkj it writes */             \
+            for (long c = 0; c < d; ++c) aq[c] = 0;                                            \
             for (long j = 0; j <= i; ++j) {                                                    \
                 const T dz = row[j] * ((j < i ? gi : (T)0) - gsi);                             \
-                const T* kj = kb + j * d; T* dkj = dkb + j * d;                                \
+                const T* kj = kb + j * rk; T* dkj = dkb + j * rdk;                             \
                 _Pragma("omp simd")                                                            \
-                for (long c = 0; c < d; ++c) { dqi[c] += dz * kj[c]; dkj[c] += dz * qi[c]; }   \
+                for (long c = 0; c < d; ++c) { aq[c] += dz * kj[c]; dkj[c] += dz * qi[c]; }    \
             }                                                                                  \
+            for (long c = 0; c < d; ++c) dqi[c] = aq[c];                                       \
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
-void causal_head_forward_##SUF(const T* RESTRICT q, const T* RESTRICT k, T* RESTRICT A,        \
+void causal_head_forward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, T* RESTRICT A,    \
                                double* RESTRICT s, double* RESTRICT loss, long B, long n,      \
-                               long d, double scale, double beta, double eps) {               \
+                               long d, long rq, long rk, double scale, double beta, double eps) {\
     const long np = (n + JB - 1) / JB * JB;                                                    \
     T* kt = (T*)malloc(sizeof(T) * np * (d + 1));                                              \
     if (!kt) return;                                                                           \
     if (d == 16)                                                                               \
-        causal_head_forward_body_##SUF(q, k, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16); \
-    else causal_head_forward_body_##SUF(q, k, A, s, B, loss, n, d, scale, beta, eps, kt, kt + np * d); \
+        causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16);\
+    else causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, d, scale, beta, eps, kt, kt + np * d);\
     free(kt);                                                                                  \
 }                                                                                              \
-void causal_head_backward_##SUF(const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT A, \
-                                const double* RESTRICT g, const double* RESTRICT s,           \
-                                T* RESTRICT dq, T* RESTRICT dk, long B, long n, long d,        \
-                                double scale, double beta, double eps) {                      \
+void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, const T* RESTRICT A,\
+                                const double* RESTRICT g, const double* RESTRICT s,            \
+                                T* const* RESTRICT dqs, T* const* RESTRICT dks, long B, long n,\
+                                long d, long rq, long rk, long rdq, long rdk, double scale,    \
+                                double beta, double eps) {                                     \
     double* tmp = (double*)malloc(sizeof(double) * 2 * n);                                     \
     if (!tmp) return;                                                                          \
     if (d == 16)                                                                               \
-        causal_head_backward_body_##SUF(q, k, A, g, s, dq, dk, B, n, 16, scale, beta, eps, tmp, tmp + n); \
-    else causal_head_backward_body_##SUF(q, k, A, g, s, dq, dk, B, n, d, scale, beta, eps, tmp, tmp + n); \
+        causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, 16, scale, beta, eps, tmp, tmp + n);\
+    else causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, d, scale, beta, eps, tmp, tmp + n);\
     free(tmp);                                                                                 \
 }
 

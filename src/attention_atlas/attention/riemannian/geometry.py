@@ -15,6 +15,7 @@ Each works per token on low-rank factors ``(..., d, r)`` without forming ``d x d
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -183,26 +184,34 @@ class _SkewFactorsApply(torch.autograd.Function):
         return dwt.view(n, p2, r, d), dx, dw
 
 
-def skew_factors_apply(wt: Tensor, x: Tensor, w: Tensor) -> Tensor:
+def skew_factors_apply(wt: Tensor | Sequence[Tensor], x: Tensor, w: Tensor) -> Tensor:
     """``x + sum_p w_p (L_p R_p^T - R_p L_p^T) x``: the transport ``P x = x + Delta x`` (eq. (24),
     ``w = 1``) and the torsion ``gamma_T T x`` (eq. (22)) of the same vector in one pass, as
     :func:`transport_apply` plus ``w`` times :func:`torsion_apply` (the references).
 
-    ``wt (..., 2P, r, d)``: per token the transposed factors ``L_1^T, R_1^T, L_2^T, R_2^T, ...``;
-    ``x (..., d)``; ``w (P,)``. Returns ``(..., d)``; backward written out, ``O(P d r)`` per token.
+    ``wt (..., 2P, r, d)``: per token the transposed factors ``L_1^T, R_1^T, L_2^T, R_2^T, ...``,
+    or a sequence of ``P`` tensors ``(..., 2, r, d)``, one per pair (the native kernel reads them
+    where they are, with no stacked copy); ``x (..., d)``; ``w (P,)``. Returns ``(..., d)``;
+    backward written out, ``O(P d r)`` per token.
     """
-    *batch, p2, r, d = wt.shape
-    if p2 % 2 or w.shape != (p2 // 2,) or list(x.shape) != [*batch, d]:
+    pairs = [wt] if isinstance(wt, Tensor) else list(wt)
+    *batch, p2, r, d = pairs[0].shape
+    shapes = {(*t.shape[:-3], t.shape[-2], t.shape[-1]) for t in pairs}
+    p2 = sum(t.shape[-3] for t in pairs)
+    if (len(shapes) > 1 or p2 % 2 or (len(pairs) > 1 and any(t.shape[-3] != 2 for t in pairs))
+            or w.shape != (p2 // 2,) or list(x.shape) != [*batch, d]):  # fmt: skip
         raise ValueError(
-            f"wt must be (..., 2P, r, d), x (..., d) and w (P,), got {tuple(wt.shape)}, "
-            f"{tuple(x.shape)}, {tuple(w.shape)}"
+            f"wt must be (..., 2P, r, d) or P tensors (..., 2, r, d), x (..., d) and w (P,), got "
+            f"{[tuple(t.shape) for t in pairs]}, {tuple(x.shape)}, {tuple(w.shape)}"
         )
-    flat_w, flat_x = wt.reshape(-1, p2, r, d).contiguous(), x.reshape(-1, d)
-    if native.active(flat_w, flat_x, w) and r <= native.MAX_RANK:  # the native kernel (opt-in)
+    if native.active(x, w, *pairs) and r <= native.MAX_RANK:  # the native kernel (opt-in)
         from ...native.functions import SkewFactorsApply
 
-        return SkewFactorsApply.apply(flat_w, flat_x.contiguous(), w).view(x.shape)
-    y = _SkewFactorsApply.apply(flat_w, flat_x, w)
+        x4 = x if x.dim() == 4 and x.stride(-1) == 1 else x.reshape(-1, 1, 1, d)
+        flat = [t.reshape(*x4.shape[:3], t.shape[-3], r, d).contiguous() for t in pairs]
+        return SkewFactorsApply.apply(x4, w, *flat).view(x.shape)
+    stacked = pairs[0] if len(pairs) == 1 else torch.stack(pairs, -4).flatten(-4, -3)
+    y = _SkewFactorsApply.apply(stacked.reshape(-1, p2, r, d).contiguous(), x.reshape(-1, d), w)
     return y.view(x.shape)
 
 

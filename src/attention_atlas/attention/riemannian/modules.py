@@ -271,6 +271,9 @@ class RiemannianAttention(Attention):
     Extras returned: ``metric_factor (B, H, L, d, r)``, ``curvature (B, H, L)`` with Phase B,
     ``transport_a``/``transport_b`` (the factors of ``Delta``) and ``torsion_l``/``torsion_r``;
     with ``need_weights`` also ``query``/``key`` (``(B, H, L, d)``, as they enter the scores).
+    Diagnostics: :func:`~attention_atlas.attention.riemannian.diagnostics.metric_statistics`
+    (``metric_kappa_mean``, ``_var``, ``_max``) on a forward that is not a training step (eval
+    mode, or no autograd); a training step, which nothing monitors, does not pay for them.
     """
 
     name = "riemannian"
@@ -379,8 +382,9 @@ class RiemannianAttention(Attention):
         if omega is not None:
             extras["curvature"] = omega
         out = self._transport(x, res.out, extras)  # Phases D and C
-        with phase("metric_statistics"):
-            res.diagnostics.update(metric_statistics(U))
+        if not (self.training and torch.is_grad_enabled()):  # monitoring, read at evaluation
+            with phase("metric_statistics"):
+                res.diagnostics.update(metric_statistics(U))
         return AttentionResult(out, res.probs, res.diagnostics, extras)
 
     def _aggregate(
@@ -443,11 +447,11 @@ class RiemannianAttention(Attention):
                 weights.append(torch.sigmoid(gate).to(out.dtype))
         with phase("transport"):  # per token in the order (B, L, H) of x and of the output
             b, h, seq, d = out.shape
-            p2, r = 2 * len(raw), nets[0].rank
-            wt = torch.stack(raw, 3).to(out.dtype).view(b, seq, h, p2, r, d)  # L^T, R^T, ...
-            moved = skew_factors_apply(wt, out.transpose(1, 2), torch.stack(weights))
+            r = nets[0].rank
+            pairs = [f.to(out.dtype).view(b, seq, h, 2, r, d) for f in raw]  # (L^T, R^T) per net
+            moved = skew_factors_apply(pairs, out.transpose(1, 2), torch.stack(weights))
             moved = moved.transpose(1, 2)  # (B, H, L, d), heads merged next without a copy
-        factors = [f.transpose(1, 2) for f in wt.transpose(-1, -2).unbind(-3)]  # (B, H, L, d, r)
+        factors = [f.transpose(1, 2) for p in pairs for f in p.transpose(-1, -2).unbind(-3)]
         names = ["transport_a", "transport_b"] if transport is not None else []
         names += ["torsion_l", "torsion_r"] if torsion is not None else []
         extras.update(zip(names, factors))
