@@ -145,7 +145,7 @@ class MetricNet(_HeadFactorNet):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, L, D)`` -> ``U (B, H, L, d, r)``."""
-        return self.factors(x)[0]
+        return self.factors(x).squeeze(0)  # a view: its backward keeps the r-major layout
 
 
 class TorsionNet(_HeadFactorNet):
