@@ -82,31 +82,40 @@ def _matrix_offsets(
 
 
 class CausalHeadsPenalty(torch.autograd.Function):
-    """:class:`CausalHeadPenalty` of chosen heads read in place (native kernels only):
-    ``spec = (idx, items, scale, beta, eps)`` and the layers' whole queries then keys, ``(B, H,
-    n, d)`` each (the forward's views of its projection); the loss per matrix ``(layers items
-    h,)``, float64, in the order of :func:`~attention_atlas.cofactor.heads.head_qk`'s flattened
-    output. The gradients are whole ``(B, H, n, d)`` tensors, zero outside the chosen heads; the
-    same arithmetic as :class:`CausalHeadPenalty`'s kernels on stacked copies, so the same
-    numbers to the last bit."""
+    """The mean of :class:`~attention_atlas.cofactor.penalty.CausalHeadPenalty` over chosen heads
+    read in place (native kernels only): ``spec = (idx, items, scale, beta, eps)`` and the
+    layers' whole queries then keys, ``(B, H, n, d)`` each (the forward's views of its
+    projection); a float64 scalar. Under autograd the forward kernel also forms the gradient
+    of the mean, matrix by matrix while its softmax rows are in cache (the loss is linear in
+    its upstream gradient ``g``, so the backward only scales it by ``g`` into whole ``(B, H, n,
+    d)`` gradients, zero outside the chosen heads): one kernel call each way and nothing
+    stacked, sliced or written out in between."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, spec: tuple[Any, ...], *qks: Tensor) -> Tensor:  # type: ignore[override]
         idx, items, scale, beta, eps = spec
         nl = len(qks) // 2
         heads = HeadMatrices(qks[:nl], qks[nl:], idx, items)
-        loss, A, s = heads.forward(scale, beta, eps)
-        ctx.save_for_backward(*qks, A, s)
-        ctx.heads, ctx.spec = heads, spec  # type: ignore[attr-defined]
-        return loss
+        grad = any(ctx.needs_input_grad[1:])  # type: ignore[attr-defined]
+        shape = (heads.count, heads.n, heads.d) if grad else (1,)
+        gq, gk = torch.empty(shape, dtype=heads.dtype), torch.empty(shape, dtype=heads.dtype)
+        loss = torch.empty(heads.count, dtype=torch.float64)
+        native.call("causal_heads_fused", heads.qp.data_ptr(), heads.kp.data_ptr(), gq, gk, loss,
+                    heads.count, heads.n, heads.d, heads.rq, heads.rk, scale, beta, eps,
+                    int(grad))  # fmt: skip
+        ctx.heads, ctx.units = heads, (gq, gk)  # type: ignore[attr-defined]
+        ctx.shapes = [(t.shape, t.dtype) for t in qks]  # type: ignore[attr-defined]
+        return loss.mean()
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        *qks, A, s = ctx.saved_tensors  # type: ignore[attr-defined]
-        _, _, scale, beta, eps = ctx.spec  # type: ignore[attr-defined]
-        grads = [torch.zeros(t.shape, dtype=t.dtype) for t in qks]
-        nl = len(qks) // 2
-        ctx.heads.backward(g, A, s, grads[:nl], grads[nl:], scale, beta, eps)  # type: ignore[attr-defined]
+        heads, (gq, gk) = ctx.heads, ctx.units  # type: ignore[attr-defined]
+        grads = [torch.zeros(shape, dtype=dtype) for shape, dtype in ctx.shapes]  # type: ignore[attr-defined]
+        nl = len(grads) // 2
+        dqp, rdq = heads.addresses(grads[:nl])
+        dkp, rdk = heads.addresses(grads[nl:])
+        native.call("causal_heads_scatter", gq, gk, dqp.data_ptr(), dkp.data_ptr(), heads.count,
+                    heads.n, heads.d, rdq, rdk, float(g))  # fmt: skip
         needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
         return (None, *(gr if need else None for gr, need in zip(grads, needs)))

@@ -405,7 +405,7 @@ def regularizer(
             items = qs[0].shape[0] if max_items is None else min(max_items, qs[0].shape[0])
             scale = 1.0 / (math.sqrt(qs[0].shape[-1]) * temperature)
             spec = (idx, items, scale, float(beta), float(eps))
-            return CausalHeadsPenalty.apply(spec, *qs, *ks).mean()
+            return CausalHeadsPenalty.apply(spec, *qs, *ks)
         qk = head_qk(model, output, layers=layers, heads=heads, max_items=max_items)
         if qk is not None:
             q, k, temperature = qk  # (layers, B, h, n, d)

@@ -141,6 +141,8 @@ _SIGNATURES = {
     "gram_backward": "ppppppnnnn",
     "causal_head_forward": "pppppnnnnnfff",
     "causal_head_backward": "pppppppnnnnnnnfff",
+    "causal_heads_fused": "pppppnnnnnfffi",
+    "causal_heads_scatter": "ppppnnnnnf",
 }
 _CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
 #: the largest metric or factor rank the kernels take (RMAX in kernels.c)

@@ -853,6 +853,43 @@ void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, co
         causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, 16, scale, beta, eps, tmp, tmp + n);\
     else causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, d, scale, beta, eps, tmp, tmp + n);\
     free(tmp);                                                                                 \
+}                                                                                              \
+/* The mean penalty of B matrices and, with grad, its gradient in one call, matrix by matrix   \
+   (the softmax rows of one matrix stay in a small buffer, never written out): loss (B) each   \
+   penalty; gq, gk (B, n, d) contiguous, d(mean loss)/dq and /dk (g = 1/B per matrix).         \
+   causal_heads_scatter writes factor gq, factor gk into the rows at dqs[b], dks[b] (strides   \
+   rdq, rdk): the gradient of a loss factor times the mean, where the heads lie. */            \
+void causal_heads_fused_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, T* RESTRICT gq,    \
+                              T* RESTRICT gk, double* RESTRICT loss, long B, long n, long d,   \
+                              long rq, long rk, double scale, double beta, double eps, int grad) {\
+    const long np = (n + JB - 1) / JB * JB;                                                    \
+    T* kt = (T*)malloc(sizeof(T) * (np * (d + 1) + n * (n + 1) / 2));                          \
+    double* s = (double*)malloc(sizeof(double) * 3 * n);                                       \
+    if (!kt || !s) { free(kt); free(s); return; }                                              \
+    T* A = kt + np * (d + 1);                                                                  \
+    const double g = 1.0 / (double)B;                                                          \
+    for (long b = 0; b < B; ++b) {                                                             \
+        if (d == 16)                                                                           \
+            causal_head_forward_body_##SUF(qs + b, ks + b, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16);\
+        else causal_head_forward_body_##SUF(qs + b, ks + b, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d);\
+        if (!grad) continue;                                                                   \
+        T* dq = gq + b * n * d; T* dk = gk + b * n * d;                                        \
+        if (d == 16)                                                                           \
+            causal_head_backward_body_##SUF(qs + b, ks + b, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n);\
+        else causal_head_backward_body_##SUF(qs + b, ks + b, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n);\
+    }                                                                                          \
+    free(kt); free(s);                                                                         \
+}                                                                                              \
+void causal_heads_scatter_##SUF(const T* RESTRICT gq, const T* RESTRICT gk, T* const* RESTRICT dqs,\
+                                T* const* RESTRICT dks, long B, long n, long d, long rdq,      \
+                                long rdk, double factor) {                                     \
+    const T f = (T)factor;                                                                     \
+    for (long b = 0; b < B; ++b)                                                               \
+        for (long i = 0; i < n; ++i) {                                                         \
+            const T* RESTRICT x = gq + (b * n + i) * d; const T* RESTRICT y = gk + (b * n + i) * d;\
+            T* RESTRICT o = dqs[b] + i * rdq; T* RESTRICT p = dks[b] + i * rdk;                \
+            _Pragma("omp simd") for (long c = 0; c < d; ++c) { o[c] = f * x[c]; p[c] = f * y[c]; }\
+        }                                                                                      \
 }
 
 DEFINE_CAUSAL_HEAD_KERNELS(float, f32)
