@@ -68,6 +68,33 @@ def test_compare_reports_medians_quartiles_and_per_round_ratios_of_its_samples(
     assert "three" in format_table(res)
 
 
+def test_compare_settles_each_function_right_before_each_of_its_samples(monkeypatch):
+    """``settle``: untimed calls of the same function just before each timed sample (so no
+    sample pays for the caches the function before it left), none of them timed."""
+    calls: list[str] = []
+    timed: list[str] = []
+
+    def make(name):
+        def fn(x):
+            calls.append(name)
+            return x * 1.0
+
+        return fn
+
+    def scripted_time(step, number, device, clock="wall"):
+        step()
+        timed.append(calls[-1])
+        return 1e-3
+
+    monkeypatch.setattr(bench, "_time", scripted_time)
+    x = torch.randn(4)
+    compare({"a": make("a"), "b": make("b")}, "a", (x,), reps=2, warmup=1, backward=False,
+            memory=False, settle=2)  # fmt: skip
+    # warm-up a, b; then per round and function two untimed calls and the timed one
+    assert calls == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
+    assert timed == ["a", "b", "a", "b", "b", "a"]
+
+
 def test_compare_errors_are_clear():
     x = torch.randn(4, requires_grad=True)
     with pytest.raises(ValueError, match="baseline 'b' is not one of the functions: a"):

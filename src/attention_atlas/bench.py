@@ -216,6 +216,7 @@ def compare(
     json_path: str | os.PathLike[str] | None = None,
     clock: str = "wall",
     device: torch.device | str | None = None,
+    settle: int = 0,
 ) -> dict[str, Any]:
     """Time ``fn(*args)`` for each function (forward, and forward+backward) against ``baseline``.
 
@@ -238,6 +239,9 @@ def compare(
             work only (``torch.set_num_threads(1)``).
         device: where the functions compute (synchronised around each sample on a GPU);
             default the device of the first tensor of ``args``, else the CPU.
+        settle: untimed calls of a function right before each of its timed samples, so that no
+            sample pays for the caches the function before it in the round left behind (a
+            training loop runs one model's steps back to back).
 
     Returns:
         ``{"baseline", "device", "meta", "results": {name: {"forward": {...},
@@ -278,6 +282,8 @@ def compare(
         order = names[r % len(names) :] + names[: r % len(names)]
         for m in modes:
             for n in order:
+                for _ in range(settle):
+                    steps[(n, m)]()
                 samples[(n, m)].append(_time(steps[(n, m)], number[(n, m)], device, clock))
     # 3. summaries
     results: dict[str, Any] = {}

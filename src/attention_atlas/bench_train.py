@@ -8,7 +8,9 @@ optimiser step (forward, loss, regularisers, backward, clipping, AdamW: the priv
 
 1. **time**: every variant's step against the dot-product model's, interleaved in one process
    (:func:`attention_atlas.bench.compare`): the median step time and the median and quartiles
-   of the per-round ratio to ``dot``;
+   of the per-round ratio to ``dot``. Each timed sample follows :data:`SETTLE` untimed steps
+   of the same model, as in training, where a step follows a step of the same model: without
+   them each sample's first step pays for the caches the previous variant of the round left;
 2. **phases**: where a step's time goes, from :mod:`torch.profiler` traces of a few steps.
    Each operator goes to the innermost named range around it (the ranges of
    :func:`attention_atlas.profiling.phase` in the library: ``metric_net``, ``geodesic_scores``,
@@ -66,6 +68,9 @@ __all__ = [
     "step_flops",
     "train_setup",
 ]
+
+#: untimed steps of a model right before each of its timed samples (see the module docstring)
+SETTLE = 1
 
 #: the variants whose training step is profiled; "cofactor" is dot-product attention with the
 #: cofactor regulariser of chapter 6, "fiber_bundle" the Fiber Bundle Transformer of chapter 4
@@ -439,7 +444,8 @@ def bench_train(
                 steps[v + NATIVE] = _step_fn(native_runs[v], native=True)
     clock = "cpu" if dev.type == "cpu" and torch.get_num_threads() == 1 else "wall"
     timing = compare(steps, "dot", (), backward=False, warmup=warmup, reps=reps,
-                     min_sample_s=min_sample_s, memory=False, clock=clock, device=dev)  # fmt: skip
+                     min_sample_s=min_sample_s, memory=False, clock=clock, device=dev,
+                     settle=SETTLE)  # fmt: skip
     results: dict[str, Any] = {}
     for v, run in runs.items():
         t = dict(timing["results"][v]["forward"])
@@ -470,5 +476,6 @@ def bench_train(
         "name": name + ("-compiled" if compiled else "") + ("-native" if native else ""),
         "kind": "train_step", "shape": shape if isinstance(shape, str) else "custom",
         "sizes": sizes, "baseline": "dot", "device": dev.type, "threads": torch.get_num_threads(),
-        "reps": reps, "clock": clock, "seconds": time.time() - t0, "results": results,
+        "reps": reps, "settle": SETTLE, "clock": clock, "seconds": time.time() - t0,
+        "results": results,
     }  # fmt: skip
