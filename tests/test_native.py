@@ -108,6 +108,14 @@ def test_metric_projection_equals_torch_path(shape: tuple[int, ...]) -> None:
     gamma = torch.tensor(0.4, dtype=DT)
     _assert_same(_both_paths(lambda U, q, k, s: G.metric_aware_projections(U, s, q, k),
                              [U, q, k, gamma]))  # fmt: skip
+    # q and k as the model passes them: strided views of one projection (B, L, 2, H, d)
+    qk = torch.stack([q, k]).permute(1, 3, 0, 2, 4).contiguous()
+
+    def views(U: torch.Tensor, qk: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, d), rows 2 H d apart
+        return G.metric_aware_projections(U, s, q, k)
+
+    _assert_same(_both_paths(views, [U, qk, gamma]))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -198,6 +206,10 @@ GRADCHECKS = {
         lambda ut, s, a, b: NF.MetricProjection.apply(ut, s, a, b),
         [(7, 3, 5), (), (7, 5), (7, 5)],
     ),  # fmt: skip
+    "projection_strided": (  # x a (B, H, L, d) view of (B, L, H, d): 2 x 3 x 2 tokens
+        lambda ut, s, x: NF.MetricProjection.apply(ut, s, x.transpose(1, 2)),
+        [(12, 3, 5), (), (2, 2, 3, 5)],
+    ),
     "woodbury": (NF.WoodburyApply.apply, [(7, 3, 5), (7, 5)]),
     "skew": (  # one tensor of both pairs, x contiguous
         lambda wt, x, w: NF.SkewFactorsApply.apply(x, w, wt),

@@ -131,8 +131,8 @@ def _build(cc: str) -> Path:
 _SIGNATURES = {
     "pairwise_forward": "pppnnnnfi",
     "pairwise_backward": "pppppnnnnfi",
-    "projection_forward": "pppnnnf",
-    "projection_backward": "pppppnnnf",
+    "projection_forward": "pppnnnnnnnnf",
+    "projection_backward": "pppppnnnnnnnnf",
     "woodbury_forward": "pppnnn",
     "woodbury_backward": "pppppnnn",
     "skew_forward": "ppppnnnnnnnnnn",

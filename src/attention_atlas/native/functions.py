@@ -91,15 +91,18 @@ class PairwiseTerms(torch.autograd.Function):
 
 
 class MetricProjection(torch.autograd.Function):
-    """``x + s U (U^T x)`` for each ``x (N, d)`` under the same ``ut = U^T (N, r, d)``, ``s ()``."""
+    """``x + s U (U^T x)`` for each ``x`` under the same ``ut = U^T (N, r, d)``, ``s ()``: each
+    ``x`` either ``(N, d)`` contiguous or a ``(B, H, L, d)`` view with ``B H L = N`` and ``d``
+    contiguous, read through its strides (a head's queries inside the ``qkv`` projection: no
+    copy); the outputs and the gradients of ``x`` are contiguous."""
 
     @staticmethod
     def forward(ctx: Any, ut: Tensor, s: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:  # type: ignore[override]
         n, r, d = ut.shape
         ys = []
         for x in xs:
-            y = torch.empty_like(x)
-            call("projection_forward", ut, x, y, n, r, d, float(s))
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            call("projection_forward", ut, x.data_ptr(), y, *_tokens(x, n), r, d, float(s))
             ys.append(y)
         ctx.save_for_backward(ut, s, *xs)
         return tuple(ys)
@@ -114,11 +117,25 @@ class MetricProjection(torch.autograd.Function):
             if g is None:
                 dxs.append(None)
                 continue
-            dx = torch.empty_like(x)
-            ds += float(call("projection_backward", ut, x, g.contiguous(), dx, d_ut, n, r, d,
-                             float(s)) or 0.0)  # fmt: skip
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            ds += float(call("projection_backward", ut, x.data_ptr(), g.contiguous(), dx, d_ut,
+                             *_tokens(x, n), r, d, float(s)) or 0.0)  # fmt: skip
             dxs.append(dx)
         return (d_ut, s.new_tensor(ds).reshape(s.shape), *dxs)
+
+
+def _tokens(x: Tensor, n: int) -> tuple[int, ...]:
+    """``(B, H, L, sb, sh, sl)`` of ``x``, ``(N, d)`` contiguous or ``(B, H, L, d)`` with ``d``
+    contiguous, holding the ``n`` tokens of the kernel's order."""
+    if x.device.type != "cpu" or x.stride(-1) != 1 or x.numel() != n * x.shape[-1]:
+        raise ValueError(f"x must hold {n} CPU tokens with d contiguous, got shape "
+                         f"{tuple(x.shape)}, strides {x.stride()}, {x.device}")  # fmt: skip
+    if x.dim() == 4:
+        return (*x.shape[:3], *x.stride()[:3])
+    if x.dim() == 2 and x.is_contiguous():
+        return (n, 1, 1, x.shape[-1], 0, 0)
+    raise ValueError(f"x must be (N, d) contiguous or (B, H, L, d), got shape {tuple(x.shape)}, "
+                     f"strides {x.stride()}")  # fmt: skip
 
 
 class WoodburyApply(torch.autograd.Function):

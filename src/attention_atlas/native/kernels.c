@@ -319,13 +319,17 @@ static inline __attribute__((always_inline)) void lanes_u_##SUF(                
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-/* y = x + s U (U^T x) per token (Phase A++, eq. (20)): ut (N, r, d), x, y (N, d) */           \
+/* y = x + s U (U^T x) per token (Phase A++, eq. (20)): ut (N, r, d), y (N, d); the tokens    \
+   n = (b H + h) L + l of x read at b sb + h sh + l sl (a strided (B, H, L, d) view: a head's   \
+   queries inside the qkv projection) */                                                       \
 static inline __attribute__((always_inline)) void projection_forward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y,        \
-                              long N, long r, long d, double s_) {                             \
+                              long B, long H, long L, long sb, long sh, long sl, long r,       \
+                              long d, double s_) {                                             \
     const T s = (T)s_;                                                                         \
-    for (long n = 0; n < N; ++n) {                                                             \
+    long n = 0;                                                                                \
+    for (long b = 0; b < B; ++b) for (long h = 0; h < H; ++h) for (long l = 0; l < L; ++l, ++n) { \
         const T* u = ut + n * r * d;                                                           \
-        const T* xn = x + n * d;                                                               \
+        const T* xn = x + b * sb + h * sh + l * sl;                                            \
         T* yn = y + n * d;                                                                     \
         for (long c = 0; c < d; ++c) yn[c] = xn[c];                                            \
         for (long t = 0; t < r; ++t) {                                                         \
@@ -338,16 +342,19 @@ static inline __attribute__((always_inline)) void projection_forward_body_##SUF(
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-/* its backward for the gradient g (N, d) of y: dx = g + s U U^T g (written), dut += s (c g^T \
-   + e x^T) with c = U^T x, e = U^T g (accumulated); returns sum e . c (the gradient of s) */   \
+/* its backward for the gradient g (N, d) of y: dx (N, d) = g + s U U^T g (written), dut += s \
+   (c g^T + e x^T) with c = U^T x, e = U^T g (accumulated); returns sum e . c (the gradient   \
+   of s); x read as in the forward */                                                          \
 static inline __attribute__((always_inline)) double projection_backward_body_##SUF(const T* RESTRICT ut, const T* RESTRICT x,                    \
                                  const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut,         \
-                                 long N, long r, long d, double s_) {                          \
+                                 long B, long H, long L, long sb, long sh, long sl, long r,    \
+                                 long d, double s_) {                                          \
     const T s = (T)s_;                                                                         \
     double ds = 0;                                                                             \
-    for (long n = 0; n < N; ++n) {                                                             \
+    long n = 0;                                                                                \
+    for (long b = 0; b < B; ++b) for (long h = 0; h < H; ++h) for (long l = 0; l < L; ++l, ++n) { \
         const T* u = ut + n * r * d;                                                           \
-        const T* xn = x + n * d;                                                               \
+        const T* xn = x + b * sb + h * sh + l * sl;                                            \
         const T* gn = g + n * d;                                                               \
         T* dxn = dx + n * d;                                                                   \
         T* dun = dut + n * r * d;                                                              \
@@ -644,17 +651,17 @@ static inline __attribute__((always_inline)) void gram_backward_body_##SUF(     
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
-void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long N, long r, long d, double s_) {\
-    if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 2, 16, s_); return; }  \
-    if (r == 4 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 4, 16, s_); return; }  \
-    if (r == 8 && d == 16) { projection_forward_body_##SUF(ut, x, y, N, 8, 16, s_); return; }  \
-    projection_forward_body_##SUF(ut, x, y, N, r, d, s_);                                      \
+void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_) {\
+    if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 2, 16, s_); return; }\
+    if (r == 4 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 4, 16, s_); return; }\
+    if (r == 8 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 8, 16, s_); return; }\
+    projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, r, d, s_);                    \
 }                                                                                              \
-double projection_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut, long N, long r, long d, double s_) {\
-    if (r == 2 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, N, 2, 16, s_); }\
-    if (r == 4 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, N, 4, 16, s_); }\
-    if (r == 8 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, N, 8, 16, s_); }\
-    return projection_backward_body_##SUF(ut, x, g, dx, dut, N, r, d, s_);                     \
+double projection_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_) {\
+    if (r == 2 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 2, 16, s_); }\
+    if (r == 4 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 4, 16, s_); }\
+    if (r == 8 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 8, 16, s_); }\
+    return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, r, d, s_);   \
 }                                                                                              \
 void woodbury_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long N, long r, long d) {\
     if (r == 2 && d == 16) { woodbury_forward_body_##SUF(ut, x, y, N, 2, 16); return; }        \

@@ -88,12 +88,14 @@ def metric_aware_projections(U: Tensor, gamma: Tensor | float, *xs: Tensor) -> t
             )
     scale = torch.as_tensor(gamma / math.sqrt(d), dtype=U.dtype, device=U.device)
     ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
-    flat = [x.reshape(-1, d) for x in xs]
-    if native.active(ut, *flat):  # the native kernel (opt-in)
+    if native.active(ut, *xs):  # the native kernel (opt-in), each x read where it lies
         from ...native.functions import MetricProjection
 
-        ys = MetricProjection.apply(ut.contiguous(), scale, *(x.contiguous() for x in flat))
+        tokens = [x if x.dim() == 4 and x.stride(-1) == 1 else x.reshape(-1, d) for x in xs]
+        ys = MetricProjection.apply(ut.contiguous(), scale, *(t.contiguous() if t.dim() == 2
+                                                              else t for t in tokens))  # fmt: skip
         return tuple(y.view(x.shape) for x, y in zip(xs, ys))
+    flat = [x.reshape(-1, d) for x in xs]
     ys = _MetricProjection.apply(ut, scale, *flat)
     return tuple(y.view(x.shape) for x, y in zip(xs, ys))
 
