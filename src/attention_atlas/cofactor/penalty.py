@@ -403,13 +403,13 @@ def regularizer(
         if views is not None and native.active(*views[0], *views[1]):  # read in place
             qs, ks, idx, temperature = views
             items = qs[0].shape[0] if max_items is None else min(max_items, qs[0].shape[0])
-            scale = 1.0 / (math.sqrt(qs[0].shape[-1]) * temperature)
+            scale = _logit_scale(qs[0].shape[-1], temperature)
             spec = (idx, items, scale, float(beta), float(eps))
             return CausalHeadsPenalty.apply(spec, *qs, *ks)
         qk = head_qk(model, output, layers=layers, heads=heads, max_items=max_items)
         if qk is not None:
             q, k, temperature = qk  # (layers, B, h, n, d)
-            scale = 1.0 / (math.sqrt(q.shape[-1]) * temperature)
+            scale = _logit_scale(q.shape[-1], temperature)
             loss = CausalHeadPenalty.apply(
                 q.flatten(0, -3), k.flatten(0, -3), scale, float(beta), float(eps)
             )
@@ -420,6 +420,11 @@ def regularizer(
         return cofactor_penalty(probs_sel, **opts)  # its error
     # a causal model's recomputed heads are lower triangular (head_probs applies the causal mask)
     return _penalty(probs_sel.reshape(-1, n, n), float(beta), float(eps), method, "mean", causal)
+
+
+def _logit_scale(head_dim: int, temperature: float) -> float:
+    """``1 / (sqrt(d) T)``: the logits of a dot-product head are ``scale q k^T``."""
+    return 1.0 / (math.sqrt(head_dim) * temperature)
 
 
 def cofactor_flops(n: int) -> int:

@@ -125,8 +125,9 @@ class MetricProjection(torch.autograd.Function):
 
 
 def _tokens(x: Tensor, n: int) -> tuple[int, ...]:
-    """``(B, H, L, sb, sh, sl)`` of ``x``, ``(N, d)`` contiguous or ``(B, H, L, d)`` with ``d``
-    contiguous, holding the ``n`` tokens of the kernel's order."""
+    """The three token dimensions of ``x`` and their strides, ``(B, H, L, sb, sh, sl)``, for a
+    kernel that reads token ``(b H + h) L + l`` at ``b sb + h sh + l sl``: ``x (B, H, L, d)`` with
+    ``d`` contiguous (any other strides), or ``(N, d)`` contiguous; ``n`` tokens in all."""
     if x.device.type != "cpu" or x.stride(-1) != 1 or x.numel() != n * x.shape[-1]:
         raise ValueError(f"x must hold {n} CPU tokens with d contiguous, got shape "
                          f"{tuple(x.shape)}, strides {x.stride()}, {x.device}")  # fmt: skip
@@ -169,7 +170,7 @@ class SkewFactorsApply(torch.autograd.Function):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         wc = w.detach().contiguous()
         ptrs, fs = _pair_pointers(factors, w.shape[0])
-        call("skew_forward", ptrs.data_ptr(), x.data_ptr(), wc, y, *_strided(x), w.shape[0],
+        call("skew_forward", ptrs.data_ptr(), x.data_ptr(), wc, y, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0],
              r, d, fs)  # fmt: skip
         ctx.save_for_backward(x, wc, *factors)
         return y
@@ -184,7 +185,7 @@ class SkewFactorsApply(torch.autograd.Function):
         ptrs, fs = _pair_pointers(factors, w.shape[0])
         dptrs, _ = _pair_pointers(d_factors, w.shape[0])
         call("skew_backward", ptrs.data_ptr(), x.data_ptr(), g.contiguous(), w, dptrs.data_ptr(),
-             dx.data_ptr(), dw, *_strided(x), w.shape[0], r, d, fs)  # fmt: skip
+             dx.data_ptr(), dw, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0], r, d, fs)  # fmt: skip
         return (dx, dw.to(w.dtype), *d_factors)
 
 
@@ -203,14 +204,6 @@ def _pair_pointers(factors: Sequence[Tensor], pairs: int) -> tuple[Tensor, int]:
     else:
         addresses = [f.data_ptr() for f in factors]
     return torch.tensor(addresses, dtype=torch.int64), p2 * r * d
-
-
-def _strided(x: Tensor) -> tuple[int, ...]:
-    """``(B, Q, H, sb, sl, sh)`` of ``x (B, Q, H, d)`` with ``d`` contiguous."""
-    if x.dim() != 4 or x.stride(-1) != 1 or x.device.type != "cpu":
-        raise ValueError(f"x must be a (B, Q, H, d) CPU tensor with d contiguous, got shape "
-                         f"{tuple(x.shape)}, strides {x.stride()}, {x.device}")  # fmt: skip
-    return (*x.shape[:3], *x.stride()[:3])
 
 
 class GramSums(torch.autograd.Function):

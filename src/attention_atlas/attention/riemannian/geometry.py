@@ -91,9 +91,9 @@ def metric_aware_projections(U: Tensor, gamma: Tensor | float, *xs: Tensor) -> t
     if native.active(ut, *xs):  # the native kernel (opt-in), each x read where it lies
         from ...native.functions import MetricProjection
 
-        tokens = [x if x.dim() == 4 and x.stride(-1) == 1 else x.reshape(-1, d) for x in xs]
-        ys = MetricProjection.apply(ut.contiguous(), scale, *(t.contiguous() if t.dim() == 2
-                                                              else t for t in tokens))  # fmt: skip
+        tokens = [x if x.dim() == 4 and x.stride(-1) == 1 else x.reshape(-1, d).contiguous()
+                  for x in xs]  # fmt: skip
+        ys = MetricProjection.apply(ut.contiguous(), scale, *tokens)
         return tuple(y.view(x.shape) for x, y in zip(xs, ys))
     flat = [x.reshape(-1, d) for x in xs]
     ys = _MetricProjection.apply(ut, scale, *flat)
