@@ -12,9 +12,9 @@ import torch
 from attention_atlas import native
 from attention_atlas.cofactor import cofactor_penalty, head_probs, softmax_matrices
 from attention_atlas.cofactor.heads import head_qk
+from attention_atlas.cofactor.native_heads import heads_penalty
 from attention_atlas.cofactor.penalty import (
     CausalHeadPenalty,
-    CausalHeadsPenalty,
     FastPenalty,
     regularizer,
 )
@@ -243,7 +243,7 @@ def test_regularizer_gradient_equals_the_minors_reference_on_the_explicit_probab
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9 * float(b.abs().max()) + 1e-15)
 
 
-@pytest.mark.parametrize(("heads", "items"), [(1, None), ([1, 3], 2), ([2, 0], None)])
+@pytest.mark.parametrize(("heads", "items"), [(1, None), ([1, 2], 2), ([1, 3], 2), ([2, 0], None)])
 def test_native_heads_read_in_place_equal_the_stacked_heads(heads, items):
     """The regulariser's native path (:class:`CausalHeadsPenalty`: the heads read where the
     forward left them, the gradient formed in the forward kernel) against
@@ -267,10 +267,12 @@ def test_native_heads_read_in_place_equal_the_stacked_heads(heads, items):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
-def test_native_heads_read_in_place_pass_gradcheck():
-    """:class:`CausalHeadsPenalty` on strided views ``(B, H, n, d)`` of a projection (q and k
-    interleaved, as a forward's ``qkv``), two layers, heads 2 and 0 of the first two items; and
-    without autograd the same value."""
+@pytest.mark.parametrize("idx", [[2, 0], [1, 2]])
+def test_native_heads_read_in_place_pass_gradcheck(idx):
+    """:func:`heads_penalty` (:class:`CausalHeadsPenalty`) on strided views ``(B, H, n, d)`` of a
+    projection (q and k interleaved, as a forward's ``qkv``), two layers, two heads of the first
+    two items (gathered, or a run of consecutive heads passed as a view); and without autograd
+    the same value."""
     g = torch.Generator().manual_seed(11)
     qkv = [torch.randn(3, 6, 2, 3, 4, dtype=F64, generator=g).requires_grad_() for _ in range(2)]
 
@@ -278,7 +280,7 @@ def test_native_heads_read_in_place_pass_gradcheck():
         qs = [p.permute(2, 0, 3, 1, 4)[0] for p in ps]  # (B, H, n, d) views, rows 2 H d apart
         ks = [p.permute(2, 0, 3, 1, 4)[1] for p in ps]
         with native.enabled(True):
-            return CausalHeadsPenalty.apply(([2, 0], 2, 0.4, 0.3, 1e-8), *qs, *ks)
+            return heads_penalty(qs, ks, idx, 2, 0.4, 0.3, 1e-8)
 
     with_grad = loss(*qkv)
     with torch.no_grad():

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..attention.dot import DotProductAttention
+
 __all__ = [
     "attention_probs",
     "head_indices",
@@ -156,18 +158,18 @@ def _dot_layers(
 ) -> tuple[Sequence[Tensor], Any, list[int], list[int], float] | None:
     """``(hidden, blocks, chosen layers, head indices, temperature)``, or None unless every
     chosen layer is dot-product attention of one shape and temperature."""
-    from ..attention.dot import DotProductAttention
-
     hidden, blocks = _checked_model(model, output)
     chosen = _layer_indices(layers, len(blocks))
     attns = [blocks[li].attn for li in chosen]
-    idx = head_indices(heads, attns[0].n_heads)
-    if (
-        any(type(a) is not DotProductAttention for a in attns)
-        or len({(a.n_heads, a.head_dim, a.temperature) for a in attns}) > 1
-    ):
+    first = attns[0]
+    idx = head_indices(heads, first.n_heads)
+    if type(first) is not DotProductAttention:
         return None
-    return hidden, blocks, chosen, idx, attns[0].temperature
+    same = (first.n_heads, first.head_dim, first.temperature)
+    for a in attns:  # a loop, not generators: this runs on every training step
+        if type(a) is not DotProductAttention or (a.n_heads, a.head_dim, a.temperature) != same:
+            return None
+    return hidden, blocks, chosen, idx, first.temperature
 
 
 def head_logits(

@@ -5,15 +5,16 @@ query and key tensors by address (any strides with ``d`` contiguous, such as a f
 of its ``qkv`` projection) and runs the kernels of
 :class:`~attention_atlas.cofactor.penalty.CausalHeadPenalty` on them;
 :class:`CausalHeadsPenalty` is the autograd node the harness's regulariser uses with the native
-kernels on: no slice, stack or copy of the heads in the forward, and in the backward whole
-``(B, H, n, d)`` gradients written only at the chosen heads.
+kernels on (through :func:`heads_penalty`): the chosen heads are views of the projection, no
+stack or copy in the forward, and the backward only scales the gradient the forward kernel
+formed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from .. import native
 
-__all__ = ["CausalHeadsPenalty", "HeadMatrices"]
+__all__ = ["CausalHeadsPenalty", "HeadMatrices", "heads_penalty"]
 
 
 class HeadMatrices:
@@ -83,39 +84,62 @@ def _matrix_offsets(
 
 class CausalHeadsPenalty(torch.autograd.Function):
     """The mean of :class:`~attention_atlas.cofactor.penalty.CausalHeadPenalty` over chosen heads
-    read in place (native kernels only): ``spec = (idx, items, scale, beta, eps)`` and the
-    layers' whole queries then keys, ``(B, H, n, d)`` each (the forward's views of its
-    projection); a float64 scalar. Under autograd the forward kernel also forms the gradient
-    of the mean, matrix by matrix while its softmax rows are in cache (the loss is linear in
-    its upstream gradient ``g``, so the backward only scales it by ``g`` into whole ``(B, H, n,
-    d)`` gradients, zero outside the chosen heads): one kernel call each way and nothing
-    stacked, sliced or written out in between."""
+    read in place (native kernels only): ``spec = (scale, beta, eps)`` and each layer's chosen
+    heads' queries then keys, ``(items, h, n, d)`` each, with ``d`` contiguous and any other
+    strides (views of the forward's projection: :func:`heads_penalty` makes them); a float64
+    scalar. Under autograd the forward kernel also forms the gradient of the mean, matrix by
+    matrix while its softmax rows are in cache, laid out as the inputs (the loss is linear in
+    its upstream gradient ``g``, so the backward only scales it by ``g``): one kernel call, and
+    nothing stacked, sliced or written out in between."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, spec: tuple[Any, ...], *qks: Tensor) -> Tensor:  # type: ignore[override]
-        idx, items, scale, beta, eps = spec
-        nl = len(qks) // 2
-        heads = HeadMatrices(qks[:nl], qks[nl:], idx, items)
+    def forward(ctx: FunctionCtx, spec: tuple[float, float, float], *qks: Tensor) -> Tensor:  # type: ignore[override]
+        scale, beta, eps = spec
+        nl, first = len(qks) // 2, qks[0]
+        items, nh, n, d = first.shape
+        strides, kind = first.stride(), (first.shape, first.dtype, first.device)
+        for t in qks:
+            if t.stride() != strides or (t.shape, t.dtype, t.device) != kind or strides[-1] != 1:
+                raise ValueError(
+                    "the heads' queries and keys need one shape, dtype, device and strides with d "
+                    f"contiguous, got {[(tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in qks]}"
+                )
+        bases = (ctypes.c_void_p * len(qks))(*[t.data_ptr() for t in qks])  # queries, then keys
         grad = any(ctx.needs_input_grad[1:])  # type: ignore[attr-defined]
-        shape = (heads.count, heads.n, heads.d) if grad else (1,)
-        gq, gk = torch.empty(shape, dtype=heads.dtype), torch.empty(shape, dtype=heads.dtype)
-        loss = torch.empty(heads.count, dtype=torch.float64)
-        native.call("causal_heads_fused", heads.qp.data_ptr(), heads.kp.data_ptr(), gq, gk, loss,
-                    heads.count, heads.n, heads.d, heads.rq, heads.rk, scale, beta, eps,
-                    int(grad))  # fmt: skip
-        ctx.heads, ctx.units = heads, (gq, gk)  # type: ignore[attr-defined]
-        ctx.shapes = [(t.shape, t.dtype) for t in qks]  # type: ignore[attr-defined]
-        return loss.mean()
+        # the gradients of the queries then of the keys, laid out as the inputs
+        units = torch.empty((2 * nl, items, nh, n, d) if grad else (1,), dtype=first.dtype)
+        count = nl * items * nh
+        loss = torch.empty(count + 1, dtype=torch.float64)  # each matrix's, then the mean
+        at = ctypes.addressof(bases)
+        fn = native.kernel("causal_heads_fused", first.dtype)
+        fn(at, at + nl * ctypes.sizeof(ctypes.c_void_p), nl, items, nh, *strides[:2],
+           *strides[:2], units.data_ptr(), units.data_ptr() + count * n * d * first.element_size(),
+           loss.data_ptr(), n, d, strides[2], strides[2], scale, beta, eps, int(grad))  # fmt: skip
+        ctx.units = units  # type: ignore[attr-defined]
+        return loss[count]
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        heads, (gq, gk) = ctx.heads, ctx.units  # type: ignore[attr-defined]
-        grads = [torch.zeros(shape, dtype=dtype) for shape, dtype in ctx.shapes]  # type: ignore[attr-defined]
-        nl = len(grads) // 2
-        dqp, rdq = heads.addresses(grads[:nl])
-        dkp, rdk = heads.addresses(grads[nl:])
-        native.call("causal_heads_scatter", gq, gk, dqp.data_ptr(), dkp.data_ptr(), heads.count,
-                    heads.n, heads.d, rdq, rdk, float(g))  # fmt: skip
+        grads = (ctx.units * g).unbind(0)  # type: ignore[attr-defined]
         needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
         return (None, *(gr if need else None for gr, need in zip(grads, needs)))
+
+
+def heads_penalty(
+    qs: Sequence[Tensor], ks: Sequence[Tensor], idx: Sequence[int], items: int,
+    scale: float, beta: float, eps: float,
+) -> Tensor:  # fmt: skip
+    """:class:`CausalHeadsPenalty` of heads ``idx`` of the first ``items`` items of each layer's
+    queries and keys ``qs``, ``ks`` (``(B, H, n, d)`` each, ``d`` contiguous: a forward's views
+    of its projection). A run of consecutive heads is passed as a view (no copy; its gradient
+    is the heads' own, which autograd places in the layer's); other choices are gathered."""
+    idx, ts = list(idx), [*qs, *ks]
+    batch, n_heads = ts[0].shape[:2]
+    if idx == list(range(idx[0], idx[0] + len(idx))):  # views
+        if items < batch:
+            ts = [t[:items] for t in ts]
+        pick = ts if len(idx) == n_heads else [t.narrow(1, idx[0], len(idx)) for t in ts]
+    else:
+        pick = [t[:items, idx] for t in ts]
+    return CausalHeadsPenalty.apply((scale, beta, eps), *pick)

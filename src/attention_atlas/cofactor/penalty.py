@@ -61,7 +61,7 @@ from .cofactors import (
     lu_cofactors,
 )
 from .heads import attention_probs, head_probs, head_qk, head_qk_views, select_heads
-from .native_heads import CausalHeadsPenalty, HeadMatrices
+from .native_heads import CausalHeadsPenalty, HeadMatrices, heads_penalty
 
 __all__ = [
     "PENALTY_METHODS",
@@ -400,12 +400,11 @@ def regularizer(
         )
     if causal and method == "lu":  # dot-product heads: queries and keys are all it needs
         views = head_qk_views(model, output, layers=layers, heads=heads)
-        if views is not None and native.active(*views[0], *views[1]):  # read in place
+        if views is not None and native.active(views[0][0]):  # read in place (checked there)
             qs, ks, idx, temperature = views
             items = qs[0].shape[0] if max_items is None else min(max_items, qs[0].shape[0])
             scale = _logit_scale(qs[0].shape[-1], temperature)
-            spec = (idx, items, scale, float(beta), float(eps))
-            return CausalHeadsPenalty.apply(spec, *qs, *ks)
+            return heads_penalty(qs, ks, idx, items, scale, float(beta), float(eps))
         qk = head_qk(model, output, layers=layers, heads=heads, max_items=max_items)
         if qk is not None:
             q, k, temperature = qk  # (layers, B, h, n, d)

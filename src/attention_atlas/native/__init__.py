@@ -32,6 +32,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -43,6 +44,7 @@ __all__ = [
     "enabled",
     "is_enabled",
     "call",
+    "kernel",
     "library",
     "status",
 ]
@@ -141,8 +143,7 @@ _SIGNATURES = {
     "gram_backward": "ppppppnnnn",
     "causal_head_forward": "pppppnnnnnfff",
     "causal_head_backward": "pppppppnnnnnnnfff",
-    "causal_heads_fused": "pppppnnnnnfffi",
-    "causal_heads_scatter": "ppppnnnnnf",
+    "causal_heads_fused": "ppnnnnnnnpppnnnnfffi",
 }
 _CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
 #: the largest metric or factor rank the kernels take (RMAX in kernels.c)
@@ -200,6 +201,16 @@ def applies(*tensors: Tensor) -> bool:
 def active(*tensors: Tensor) -> bool:
     """Switched on (:func:`enabled`) and applicable to these tensors (:func:`applies`)."""
     return is_enabled() and applies(*tensors)
+
+
+def kernel(name: str, dtype: torch.dtype) -> Any:
+    """Kernel ``name``'s ctypes function for ``dtype`` (float64, else the float32 build), to be
+    called with ints (addresses from ``Tensor.data_ptr()``) and floats as :data:`_SIGNATURES`
+    lists them: no checks, for a caller that made its own (:func:`call` checks each tensor)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(status())
+    return getattr(lib, f"{name}_{'f64' if dtype == torch.float64 else 'f32'}")
 
 
 def call(name: str, *args: Tensor | int | float) -> float | None:

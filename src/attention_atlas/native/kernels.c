@@ -30,6 +30,8 @@
 #define TB 32
 /* the largest metric rank the kernels take (ranks 1, 2, 4 and 8 have unrolled bodies) */
 #define RMAX 16
+/* query rows per block of the causal-head kernels (independent sums in registers) */
+#define RB 4
 
 #define DEFINE_KERNELS(T, SUF)                                                                 \
                                                                                                \
@@ -753,49 +755,63 @@ static inline double exp_nonpositive_f64(double x) { return exp(x); }
 static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF(              \
     T* const* RESTRICT qs, T* const* RESTRICT ks, long rq, long rk, T* RESTRICT A,           \
     double* RESTRICT s, long B, double* RESTRICT loss, long n, long d, double scale,          \
-    double beta, double eps, T* RESTRICT kt, T* RESTRICT zrow) {                               \
+    double beta, double eps, T* RESTRICT kt, T* RESTRICT zrows) {                              \
     const T sc = (T)scale;                                                                     \
     const long np = (n + JB - 1) / JB * JB, tri = n * (n + 1) / 2;                             \
     for (long b = 0; b < B; ++b) {                                                             \
         const T* RESTRICT qb = qs[b]; const T* RESTRICT kb = ks[b];                            \
         for (long c = 0; c < d; ++c) for (long j = 0; j < np; ++j)                             \
             kt[c * np + j] = j < n ? kb[j * rk + c] : (T)0;                                    \
-        for (long i = 0; i < n; ++i) {                                                         \
-            const T* qi = qb + i * rq; T* RESTRICT row = A + b * tri + i * (i + 1) / 2;        \
-            const long m = i + 1, last = (m - 1) / JB * JB; /* the block holding j = i */      \
-            T mx[JB], lo[JB];                                                                  \
-            _Pragma("omp simd") for (long l = 0; l < JB; ++l) mx[l] = -INFINITY;               \
-            for (long j0 = 0; j0 < m; j0 += JB) { /* JB logits in registers, d steps; max */   \
-                T acc[JB] = {0};                                                               \
+        for (long i0 = 0; i0 < n; i0 += RB) { /* RB rows at once: RB independent sums */      \
+            const long top_row = i0 + RB - 1 < n ? i0 + RB - 1 : n - 1;                        \
+            const T* qr[RB];                                                                   \
+            for (long r = 0; r < RB; ++r) qr[r] = qb + (i0 + r < n ? i0 + r : n - 1) * rq;     \
+            T mx[RB][JB];                                                                      \
+            for (long r = 0; r < RB; ++r)                                                      \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) mx[r][l] = -INFINITY;        \
+            for (long j0 = 0; j0 <= top_row; j0 += JB) { /* RB x JB logits in registers */    \
+                T acc[RB][JB];                                                                 \
+                for (long r = 0; r < RB; ++r)                                                  \
+                    _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[r][l] = 0;           \
                 for (long c = 0; c < d; ++c) {                                                 \
-                    const T a = sc * qi[c]; const T* RESTRICT kc = kt + c * np + j0;           \
-                    _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[l] += a * kc[l];     \
+                    const T* RESTRICT kc = kt + c * np + j0;                                   \
+                    for (long r = 0; r < RB; ++r) {                                            \
+                        const T a = sc * qr[r][c];                                             \
+                        _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[r][l] += a * kc[l]; \
+                    }                                                                          \
                 }                                                                              \
-                const long lim = m - j0; /* lanes l >= lim are above the diagonal */           \
-                _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                            \
-                    const T z = l < lim ? acc[l] : -INFINITY;                                  \
-                    zrow[j0 + l] = z; mx[l] = z > mx[l] ? z : mx[l];                           \
-                }                                                                              \
-            }                                                                                  \
-            T top = mx[0];                                                                     \
-            for (long l = 1; l < JB; ++l) top = mx[l] > top ? mx[l] : top;                     \
-            _Pragma("omp simd") for (long l = 0; l < JB; ++l) lo[l] = 0;                       \
-            for (long j0 = 0; j0 < m; j0 += JB) { /* exp, and the sum below the diagonal */   \
-                const long cut = j0 == last ? i - j0 : JB; /* lane of j = i in the last block */ \
-                _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                            \
-                    const T e = exp_nonpositive_##SUF(zrow[j0 + l] - top);                     \
-                    zrow[j0 + l] = e; lo[l] += l < cut ? e : (T)0;                             \
+                for (long r = 0; r < RB; ++r) { /* lanes l >= lim are above the diagonal */   \
+                    const long lim = i0 + r + 1 - j0; T* RESTRICT zr = zrows + r * np + j0;    \
+                    _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                        \
+                        const T z = l < lim ? acc[r][l] : -INFINITY;                           \
+                        zr[l] = z; mx[r][l] = z > mx[r][l] ? z : mx[r][l];                     \
+                    }                                                                          \
                 }                                                                              \
             }                                                                                  \
-            double lower = 0.0;                                                                \
-            for (long l = 0; l < JB; ++l) lower += (double)lo[l];                              \
-            const double total = lower + (double)zrow[i];                                      \
-            const T inv = (T)(1.0 / total);                                                    \
-            for (long j0 = 0; j0 < last; j0 += JB) { /* the row's m entries, packed */        \
-                _Pragma("omp simd") for (long l = 0; l < JB; ++l) row[j0 + l] = zrow[j0 + l] * inv; \
+            for (long r = 0; r < RB && i0 + r < n; ++r) {                                      \
+                const long i = i0 + r, m = i + 1, last = (m - 1) / JB * JB;                    \
+                T* RESTRICT zrow = zrows + r * np;                                             \
+                T* RESTRICT row = A + b * tri + i * (i + 1) / 2;                               \
+                T top = mx[r][0], lo[JB];                                                      \
+                for (long l = 1; l < JB; ++l) top = mx[r][l] > top ? mx[r][l] : top;           \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) lo[l] = 0;                   \
+                for (long j0 = 0; j0 < m; j0 += JB) { /* exp, and the sum below the diagonal */\
+                    const long cut = j0 == last ? i - j0 : JB; /* lane of j = i */            \
+                    _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                        \
+                        const T e = exp_nonpositive_##SUF(zrow[j0 + l] - top);                 \
+                        zrow[j0 + l] = e; lo[l] += l < cut ? e : (T)0;                         \
+                    }                                                                          \
+                }                                                                              \
+                double lower = 0.0;                                                            \
+                for (long l = 0; l < JB; ++l) lower += (double)lo[l];                          \
+                const double total = lower + (double)zrow[i];                                  \
+                const T inv = (T)(1.0 / total);                                                \
+                for (long j0 = 0; j0 < last; j0 += JB) { /* the row's m entries, packed */    \
+                    _Pragma("omp simd") for (long l = 0; l < JB; ++l) row[j0 + l] = zrow[j0 + l] * inv; \
+                }                                                                              \
+                for (long j = last; j < m; ++j) row[j] = zrow[j] * inv;                        \
+                s[b * n + i] = lower / total;                                                  \
             }                                                                                  \
-            for (long j = last; j < m; ++j) row[j] = zrow[j] * inv;                            \
-            s[b * n + i] = lower / total;                                                      \
         }                                                                                      \
         double m = 1.0, dm;                                                                    \
         for (long i = 1; i < n; ++i) m *= s[b * n + i];                                        \
@@ -821,20 +837,35 @@ static inline __attribute__((always_inline)) void causal_head_backward_body_##SU
         double before = 1.0; /* prod_{1 <= k < i} s_k */                                       \
         gs[0] = 0.0;                                                                           \
         for (long i = 1; i < n; ++i) { gs[i] = c * before * after[i]; before *= sb[i]; }       \
-        for (long i = 0; i < n; ++i) {                                                         \
-            const T* qi = qb + i * rq; const T* row = A + b * (n * (n + 1) / 2) + i * (i + 1) / 2; \
-            T* dqi = dqb + i * rdq;                                                            \
-            const T gi = (T)gs[i], gsi = (T)(gs[i] * sb[i]);                                   \
-            T aq[d]; /* dq_i kept local: the compiler cannot tell that dqi (a pointer read     \
-                        from an array) shares no memory with the dkj it writes */             \
-            for (long c = 0; c < d; ++c) aq[c] = 0;                                            \
-            for (long j = 0; j <= i; ++j) {                                                    \
-                const T dz = row[j] * ((j < i ? gi : (T)0) - gsi);                             \
-                const T* kj = kb + j * rk; T* dkj = dkb + j * rdk;                             \
-                _Pragma("omp simd")                                                            \
-                for (long c = 0; c < d; ++c) { aq[c] += dz * kj[c]; dkj[c] += dz * qi[c]; }    \
+        for (long i0 = 0; i0 < n; i0 += RB) { /* RB rows at once: each dk_j read once */      \
+            const long top_row = i0 + RB - 1 < n ? i0 + RB - 1 : n - 1;                        \
+            const T* qr[RB]; const T* rows[RB]; T gi[RB], gsi[RB];                             \
+            T aq[RB][d]; /* the rows' dq kept local (the compiler cannot tell that a pointer \
+                            read from an array shares no memory with the dk_j it writes) */  \
+            for (long r = 0; r < RB; ++r) {                                                    \
+                const long i = i0 + r < n ? i0 + r : n - 1;                                    \
+                qr[r] = qb + i * rq; rows[r] = A + b * (n * (n + 1) / 2) + i * (i + 1) / 2;    \
+                gi[r] = (T)gs[i]; gsi[r] = (T)(gs[i] * sb[i]);                                 \
+                for (long c = 0; c < d; ++c) aq[r][c] = 0;                                     \
             }                                                                                  \
-            for (long c = 0; c < d; ++c) dqi[c] = aq[c];                                       \
+            for (long j = 0; j <= top_row; ++j) {                                              \
+                const T* RESTRICT kj = kb + j * rk; T* RESTRICT dkj = dkb + j * rdk;           \
+                T dz[RB];                                                                      \
+                for (long r = 0; r < RB; ++r) { /* 0 above the diagonal and past row n - 1 */ \
+                    const long i = i0 + r;                                                     \
+                    dz[r] = j <= i && i < n ? rows[r][j] * ((j < i ? gi[r] : (T)0) - gsi[r]) : (T)0; \
+                }                                                                              \
+                _Pragma("omp simd")                                                            \
+                for (long c = 0; c < d; ++c) {                                                 \
+                    T acc = dkj[c];                                                            \
+                    for (long r = 0; r < RB; ++r) { aq[r][c] += dz[r] * kj[c]; acc += dz[r] * qr[r][c]; } \
+                    dkj[c] = acc;                                                              \
+                }                                                                              \
+            }                                                                                  \
+            for (long r = 0; r < RB && i0 + r < n; ++r) {                                      \
+                T* dqi = dqb + (i0 + r) * rdq;                                                 \
+                for (long c = 0; c < d; ++c) dqi[c] = aq[r][c];                                \
+            }                                                                                  \
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
@@ -842,7 +873,7 @@ void causal_head_forward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, T* 
                                double* RESTRICT s, double* RESTRICT loss, long B, long n,      \
                                long d, long rq, long rk, double scale, double beta, double eps) {\
     const long np = (n + JB - 1) / JB * JB;                                                    \
-    T* kt = (T*)malloc(sizeof(T) * np * (d + 1));                                              \
+    T* kt = (T*)malloc(sizeof(T) * np * (d + RB));                                              \
     if (!kt) return;                                                                           \
     if (d == 16)                                                                               \
         causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16);\
@@ -861,42 +892,37 @@ void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, co
     else causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, d, scale, beta, eps, tmp, tmp + n);\
     free(tmp);                                                                                 \
 }                                                                                              \
-/* The mean penalty of B matrices and, with grad, its gradient in one call, matrix by matrix   \
-   (the softmax rows of one matrix stay in a small buffer, never written out): loss (B) each   \
-   penalty; gq, gk (B, n, d) contiguous, d(mean loss)/dq and /dk (g = 1/B per matrix).         \
-   causal_heads_scatter writes factor gq, factor gk into the rows at dqs[b], dks[b] (strides   \
-   rdq, rdk): the gradient of a loss factor times the mean, where the heads lie. */            \
-void causal_heads_fused_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, T* RESTRICT gq,    \
-                              T* RESTRICT gk, double* RESTRICT loss, long B, long n, long d,   \
-                              long rq, long rk, double scale, double beta, double eps, int grad) {\
-    const long np = (n + JB - 1) / JB * JB;                                                    \
-    T* kt = (T*)malloc(sizeof(T) * (np * (d + 1) + n * (n + 1) / 2));                          \
+/* The mean penalty of B = nl items nh matrices and, with grad, its gradient in one call,      \
+   matrix by matrix (the softmax rows of one matrix stay in a small buffer, never written      \
+   out). Matrix (l, t, h), in that order: queries from qb[l] + t sqt + h sqh, rows rq apart    \
+   (element strides), keys likewise from kb[l]; loss (B + 1) each penalty, then their mean;    \
+   gq, gk (B, n, d) contiguous, d(mean loss)/dq and /dk (g = 1/B per matrix). */              \
+void causal_heads_fused_##SUF(T* const* RESTRICT qb, T* const* RESTRICT kb, long nl, long nt, \
+                              long nh, long sqt, long sqh, long skt, long skh, T* RESTRICT gq, \
+                              T* RESTRICT gk, double* RESTRICT loss, long n, long d, long rq,  \
+                              long rk, double scale, double beta, double eps, int grad) {      \
+    const long np = (n + JB - 1) / JB * JB, B = nl * nt * nh;                                  \
+    T* kt = (T*)malloc(sizeof(T) * (np * (d + RB) + n * (n + 1) / 2));                         \
     double* s = (double*)malloc(sizeof(double) * 3 * n);                                       \
     if (!kt || !s) { free(kt); free(s); return; }                                              \
-    T* A = kt + np * (d + 1);                                                                  \
+    T* A = kt + np * (d + RB);                                                                 \
     const double g = 1.0 / (double)B;                                                          \
+    double sum = 0.0;                                                                          \
     for (long b = 0; b < B; ++b) {                                                             \
+        const long l = b / (nt * nh), t = b / nh % nt, h = b % nh;                             \
+        T* qp = qb[l] + t * sqt + h * sqh; T* kp = kb[l] + t * skt + h * skh;                  \
         if (d == 16)                                                                           \
-            causal_head_forward_body_##SUF(qs + b, ks + b, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16);\
-        else causal_head_forward_body_##SUF(qs + b, ks + b, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d);\
+            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16);\
+        else causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d);\
+        sum += loss[b];                                                                        \
         if (!grad) continue;                                                                   \
         T* dq = gq + b * n * d; T* dk = gk + b * n * d;                                        \
         if (d == 16)                                                                           \
-            causal_head_backward_body_##SUF(qs + b, ks + b, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n);\
-        else causal_head_backward_body_##SUF(qs + b, ks + b, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n);\
+            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n);\
+        else causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n);\
     }                                                                                          \
+    loss[B] = sum / (double)B;                                                                 \
     free(kt); free(s);                                                                         \
-}                                                                                              \
-void causal_heads_scatter_##SUF(const T* RESTRICT gq, const T* RESTRICT gk, T* const* RESTRICT dqs,\
-                                T* const* RESTRICT dks, long B, long n, long d, long rdq,      \
-                                long rdk, double factor) {                                     \
-    const T f = (T)factor;                                                                     \
-    for (long b = 0; b < B; ++b)                                                               \
-        for (long i = 0; i < n; ++i) {                                                         \
-            const T* RESTRICT x = gq + (b * n + i) * d; const T* RESTRICT y = gk + (b * n + i) * d;\
-            T* RESTRICT o = dqs[b] + i * rdq; T* RESTRICT p = dks[b] + i * rdk;                \
-            _Pragma("omp simd") for (long c = 0; c < d; ++c) { o[c] = f * x[c]; p[c] = f * y[c]; }\
-        }                                                                                      \
 }
 
 DEFINE_CAUSAL_HEAD_KERNELS(float, f32)
