@@ -280,9 +280,14 @@ viz.markdown(steps.compile_sentence(cframes))
 # Riemannian attention, the Fiber Bundle Transformer and the cofactor regulariser's causal heads
 # through the library's own C kernels (`attention_atlas.native`: compiled on first use with the
 # system's compiler, equal to the PyTorch path in float64 and gradchecked, the PyTorch path
-# wherever they do not apply). The records below time each such step beside its eager step and
-# the eager dot-product step, in the same interleaved rounds (`bench --train --native`), where
-# they are stored; the quartiles are those of the per-round ratios.
+# wherever they do not apply). A kernel that changes a run's rounding comes at a new level
+# (`native.LEVEL`, recorded with each run as `native_level`), so that a record re-runs exactly at
+# the level that made it: level 1 holds the attention, projection, transport and Gram kernels
+# and the cofactor heads; level 2 adds the Fiber Bundle regularisers (eqs. (31) to (34)) in one
+# kernel per layer, which forms their gradient while the Gram matrices are in cache. The records
+# below time each such step, at the level they name, beside its eager step and the eager
+# dot-product step, in the same interleaved rounds (`bench --train --native`), where they are
+# stored; the quartiles are those of the per-round ratios.
 
 # %%
 natives = steps.stored_train(records, "native")

@@ -1,7 +1,7 @@
 """The native CPU kernels (attention_atlas.native): each equals the library's PyTorch path, and
 so its reference, in float64 (values and gradients), passes gradcheck, and takes the place of
-that path only where switched on; a run records that it used them; without a compiler the
-PyTorch paths run."""
+that path only where switched on, at its level; a run records that it used them and at which
+level; without a compiler the PyTorch paths run."""
 
 from __future__ import annotations
 
@@ -337,7 +337,11 @@ def test_a_training_run_records_the_native_kernels(tmp_path: Path) -> None:
     assert res.record["train_config"]["native"] is True
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["train_config"]["native"] is True
+    assert record["train_config"]["native_level"] == native.LEVEL
     assert not native.is_enabled()  # the switch was the run's only
+    with native.enabled(1):  # an enclosing level (a record's, re-run) wins over the config's
+        res = train(FiberBundleConfig(dim=16, n_layers=1, n_heads=2), cfg, data)
+    assert res.record["train_config"]["native_level"] == 1
 
 
 def test_a_sweep_cell_records_the_native_kernels() -> None:
@@ -351,3 +355,127 @@ def test_a_sweep_cell_records_the_native_kernels() -> None:
     assert out["environment"]["native"] is True
     assert out["environment"]["native_status"] == "native kernels loaded"
     assert "native" not in execute_cell(cell, {}, 0, 1)["environment"]
+
+
+# -- level 2: the Fiber Bundle regularisers in one kernel -----------------------------------------
+
+WEIGHT_SETS = [
+    {"anti": 1.0, "div": 11.3, "smooth": 1.13, "cap": 10.0, "l2": 0.0},  # chapter 4's "three"
+    {"anti": 0.5, "div": 0.0, "smooth": 0.0, "cap": 2.0, "l2": 1.0},  # no Gram sums
+    {"anti": 0.0, "div": 1.0, "smooth": 0.0, "cap": 0.0, "l2": 0.0},
+    {"anti": 0.0, "div": 0.0, "smooth": 2.0, "cap": 0.0, "l2": 0.0},
+]
+
+
+def _terms_reference(Us: list[torch.Tensor], w: dict[str, float], kmin: float,
+                     kmax: float) -> torch.Tensor:  # fmt: skip
+    """The scheduled sum, mean over layers, from the explicit definitions of eqs. (31) to (34):
+    ``A_t = U_t U_t^T`` materialised, every pair of positions."""
+    total = torch.zeros((), dtype=DT)
+    for U in Us:
+        A = U @ U.transpose(-1, -2)  # (B, H, L, d, d)
+        kappa = U.square().sum((-1, -2))
+        seq = U.shape[-3]
+        D = (A.unsqueeze(-3) - A.unsqueeze(-4)).square().sum((-1, -2))  # (B, H, L, L)
+        terms = {
+            "anti": torch.relu(kmin - kappa).mean(),
+            "div": -(D.sum((-1, -2)) / (seq * (seq - 1))).mean(),
+            "smooth": (A[..., 1:, :, :] - A[..., :-1, :, :]).square().sum((-1, -2)).mean(),
+            "cap": torch.relu(kappa - kmax).mean(),
+            "l2": kappa.mean(),
+        }
+        total = total + sum(w[k] * v for k, v in terms.items())
+    return total / len(Us)
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, (1, 1, 2, 16, 4), (2, 2, 16, 6, 3)])
+@pytest.mark.parametrize("w", WEIGHT_SETS)
+def test_fiber_bundle_terms_equal_the_definitions(
+    shape: tuple[int, ...], w: dict[str, float]
+) -> None:
+    g = torch.Generator().manual_seed(11)
+    Us = [(0.4 * _factor(*shape, g)).requires_grad_() for _ in range(2)]
+    kappa = Us[0].detach().square().sum((-1, -2))
+    kmin, kmax = float(kappa.quantile(0.4)), float(kappa.quantile(0.6))  # both ReLUs act
+    want = _terms_reference(Us, w, kmin, kmax)
+    want_g = torch.autograd.grad(want, Us)
+    b, h, seq, d, r = shape
+    uts = [U.transpose(-1, -2).reshape(-1, seq, r, d) for U in Us]
+    got = NF.FiberBundleTerms.apply(([w[k] for k in R.TERMS], kmin, kmax), *uts)
+    got_g = torch.autograd.grad(got * 2.5, Us)  # an upstream gradient other than 1
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, e in zip(got_g, want_g):
+        torch.testing.assert_close(a, 2.5 * e, rtol=1e-10, atol=1e-12)
+
+
+def test_fiber_bundle_terms_float32_kernel_matches_float64() -> None:
+    g = torch.Generator().manual_seed(12)
+    U = 0.2 * _factor(4, 4, 64, 16, 4, g)
+    w = [1.0, 11.3, 1.13, 10.0, 0.5]
+    out = []
+    for dtype in (DT, torch.float32):
+        ut = U.to(dtype).transpose(-1, -2).reshape(-1, 64, 4, 16).requires_grad_()
+        loss = NF.FiberBundleTerms.apply((w, 0.3, 0.6), ut)
+        out.append((loss.detach(), torch.autograd.grad(loss, ut)[0]))
+    (l64, g64), (l32, g32) = out
+    assert l32.dtype == torch.float32
+    torch.testing.assert_close(l32.double(), l64, rtol=1e-5, atol=1e-6 * float(l64.abs()))
+    torch.testing.assert_close(g32.double(), g64, rtol=1e-4, atol=1e-5 * float(g64.abs().max()))
+
+
+@pytest.mark.parametrize("w", WEIGHT_SETS[:2])
+def test_fiber_bundle_terms_pass_gradcheck(w: dict[str, float]) -> None:
+    g = torch.Generator().manual_seed(13)
+    uts = [torch.randn(3, 6, 2, 5, dtype=DT, generator=g).requires_grad_() for _ in range(2)]
+
+    def fn(*a: torch.Tensor) -> torch.Tensor:
+        return NF.FiberBundleTerms.apply(([w[k] for k in R.TERMS], 3.0, 6.0), *a)
+
+    assert torch.autograd.gradcheck(fn, uts)
+
+
+def test_fiber_bundle_terms_refuse_layers_that_differ() -> None:
+    a, b = torch.zeros(2, 4, 2, 5, dtype=DT), torch.zeros(2, 5, 2, 5, dtype=DT)
+    with pytest.raises(ValueError, match="contiguous"):
+        NF.FiberBundleTerms.apply(([1.0] * 5, 0.0, 1.0), a, b)
+    with pytest.raises(ValueError, match="5 weights"):
+        NF.FiberBundleTerms.apply(([1.0] * 4, 0.0, 1.0), a)
+
+
+def test_levels_choose_the_kernels(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Level 1 keeps the regularisers on the PyTorch path (with the Gram kernel), the level a
+    record made before levels re-runs at; ``True`` is :data:`native.LEVEL`, which adds the one
+    kernel; the two agree in float64."""
+    from attention_atlas.attention.riemannian.regularizers import fiber_bundle_regularizer
+
+    calls: list[str] = []
+    real = NF.FiberBundleTerms.apply
+    monkeypatch.setattr(NF.FiberBundleTerms, "apply", lambda *a: calls.append("fbt") or real(*a))
+    x = torch.randint(0, 11, (3, 20), generator=torch.Generator().manual_seed(2))
+    model = _fbt()
+    opts = {"anti": 1.0, "div": 2.0, "smooth": 0.5, "cap": 3.0, "kappa_min": 0.5, "kappa_max": 2.0}
+    values = []
+    for on in (1, True):
+        with native.enabled(on):
+            assert native.level() == (1 if on == 1 and on is not True else native.LEVEL)
+            values.append(fiber_bundle_regularizer(model, model(x), None, **opts))
+    assert calls == ["fbt"]  # level 2 only
+    torch.testing.assert_close(values[1], values[0], rtol=1e-12, atol=0)
+    assert native.level() == 0 and native.resolve_level(False) == 0
+    with pytest.raises(ValueError, match="native level must be a bool or an int from 0 to"):
+        native.resolve_level(native.LEVEL + 1)
+
+
+def test_records_carry_the_level_and_verify_reads_it() -> None:
+    from attention_atlas.results import _native_level
+    from attention_atlas.sweep_backends import execute_cell
+
+    def cell(params, seed):  # type: ignore[no-untyped-def]
+        return {"level": native.level()}
+
+    out = execute_cell(cell, {}, 0, 1, native=1)
+    assert out["metrics"] == {"level": 1} and out["environment"]["native_level"] == 1
+    assert execute_cell(cell, {}, 0, 1, native=True)["environment"]["native_level"] == native.LEVEL
+    assert _native_level({"native": True}) == 1  # made before levels
+    assert _native_level({"native": True, "native_level": 2}) == 2
+    assert _native_level({}) == 0

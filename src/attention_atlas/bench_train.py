@@ -419,7 +419,7 @@ def bench_train(
         to the eager dot step), ``"compile_speedup"`` (eager median over compiled median) and
         ``"compile_error"`` (None, or the error that sent the steps back to eager); with
         ``native``, for :data:`NATIVE_VARIANTS`, ``"native"`` (timing as ``compiled``'s),
-        ``"native_speedup"``, ``"native_phases"`` and ``"native_status"``.
+        ``"native_speedup"``, ``"native_phases"``, ``"native_status"`` and ``"native_level"``.
     """
     from . import native as native_kernels
 
@@ -471,6 +471,7 @@ def bench_train(
                 steps[v + NATIVE], native_runs[v].model, profile_steps, dev
             )
             results[v]["native_status"] = native_kernels.status()
+            results[v]["native_level"] = native_kernels.LEVEL
     name = f"train-{shape}" if isinstance(shape, str) else "train-custom"
     return {
         "name": name + ("-compiled" if compiled else "") + ("-native" if native else ""),

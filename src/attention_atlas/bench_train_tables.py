@@ -63,8 +63,12 @@ def format_train_table(record: dict[str, Any]) -> str:
             )
     natives = {v: r for v, r in record["results"].items() if "native" in r}
     if natives:
-        status = next(iter(natives.values()))["native_status"]
-        lines.append(f"native kernels ({status}), the same rounds; ratios to eager dot")
+        first = next(iter(natives.values()))
+        level = f", level {first['native_level']}" if "native_level" in first else ""
+        lines.append(
+            f"native kernels ({first['native_status']}{level}), the same rounds; "
+            "ratios to eager dot"
+        )
         lines.append(
             f"{'variant':<14} {'step ms':>9} {'ratio':>7} {'[q25,q75]':>13} {'speedup':>8}"
         )

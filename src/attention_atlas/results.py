@@ -341,7 +341,7 @@ def _hide_gpus() -> None:
 
 def _rerun(
     run_cell: Any, params: dict[str, Any], seed: int, threads: int, hide_gpus: bool,
-    compile: bool = False, native: bool = False,
+    compile: bool = False, native: bool | int = False,
 ) -> dict[str, Any]:  # fmt: skip
     from .sweep_backends import execute_cell
 
@@ -354,6 +354,12 @@ def _rerun(
     with ProcessPoolExecutor(1, mp_context=ctx, initializer=_hide_gpus) as pool:
         return dict(pool.submit(execute_cell, run_cell, params, seed, threads, compile,
                                 native=native).result())  # fmt: skip
+
+
+def _native_level(prov: dict[str, Any]) -> int:
+    """The native kernels' level a record was made at: 0 without them, its ``native_level``,
+    else 1 (the records made before :data:`attention_atlas.native.LEVEL` existed)."""
+    return int(prov.get("native_level", 1)) if prov.get("native") else 0
 
 
 def verify(
@@ -373,7 +379,8 @@ def verify(
     count; it must reproduce exactly when this CPU model and torch version are those that made
     it, else within ``rtol``. A cell made on a GPU is re-run on a GPU (skipped without one) and
     must agree within ``rtol``. A cell made with compiled steps (``sweep --compile``) is re-run
-    compiled, one made with the native kernels (``sweep --native``) with them.
+    compiled, one made with the native kernels (``sweep --native``) with them, at the level
+    that made it (``native_level``; level 1 where the record predates levels).
     """
     import torch
 
@@ -397,7 +404,7 @@ def verify(
         else:
             out = _rerun(mod.run_cell, rec["params"], rec["seed"], int(prov.get("threads") or 1),
                          hide_gpus=not on_gpu and torch.cuda.is_available(),
-                         compile=bool(prov.get("compile")), native=bool(prov.get("native")))  # fmt: skip
+                         compile=bool(prov.get("compile")), native=_native_level(prov))  # fmt: skip
             env = out["environment"]
             exact = not on_gpu and prov.get("threads") == 1 and env["cpu"] == prov.get("cpu") and \
                 env["versions"]["torch"] == prov.get("versions", {}).get("torch")  # fmt: skip

@@ -133,7 +133,8 @@ def run_sweep(
             ``out_dir/.checkpoints/<key>`` (git-ignored; removed when the cell returns), and a
             cell killed mid-way resumes from them when run again, to the same result
             (:mod:`~attention_atlas.train.resumable`); 0 (default): none.
-        native: the native CPU kernels (:mod:`attention_atlas.native`), recorded as ``compile``.
+        native: the native CPU kernels (:mod:`attention_atlas.native`) at their current level,
+            recorded (``native``, ``native_level``) as ``compile`` is.
 
     Returns:
         The results of ``cells`` (in order), with columns ``config``, ``seed``, ``key``,

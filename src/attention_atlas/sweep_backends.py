@@ -60,7 +60,7 @@ def execute_cell(
     compile: bool = False,
     checkpoints: str | None = None,
     checkpoint_every: int = 0,
-    native: bool = False,
+    native: bool | int = False,
 ) -> dict[str, Any]:
     """Run one cell at ``threads`` torch threads (None: leave them) and return its metrics
     (JSON-ready), wall time and the :func:`~attention_atlas.records.environment` it ran in.
@@ -75,8 +75,9 @@ def execute_cell(
     training time its runs had spent before (what the checkpoints carried; an attempt's steps
     after its last checkpoint, lost, are not counted), as its runs' ``train_time_s`` is;
     ``started`` and ``finished`` are this attempt's clock times. ``native``: the cell runs with
-    the native kernels switched on (:func:`attention_atlas.native.enabled`); the environment
-    then says ``native`` and whether they loaded (``native_status``)."""
+    the native kernels switched on (:func:`attention_atlas.native.enabled`: ``True`` at their
+    current level, an int at that level); the environment then says ``native``, the level
+    (``native_level``) and whether they loaded (``native_status``)."""
     import torch
 
     from . import native as native_kernels
@@ -100,7 +101,11 @@ def execute_cell(
         if state is not None:
             env.update(compile=True, compile_fallbacks=list(state.fallbacks))
         if native:
-            env.update(native=True, native_status=native_kernels.status())
+            env.update(
+                native=True,
+                native_level=native_kernels.resolve_level(native),
+                native_status=native_kernels.status(),
+            )
         if resumable is not None and resumable.resumed:
             env.update(resumed_from=list(resumable.resumed))
             seconds += resumable.carried_s

@@ -12,8 +12,9 @@ contiguous CPU tensors; float32 and float64.
 
 They are **opt-in**: ``with native.enabled(True): ...`` (or ``TrainConfig(native=True)``,
 ``sweep --native``, ``train -o native=true``). Their rounding differs from the PyTorch paths',
-so a run records whether it used them, and ``results verify`` re-runs a record the way it was
-made. Where a kernel does not apply (a CUDA tensor, another dtype, a ``torch.compile`` trace) or
+so a run records whether it used them and at which :data:`LEVEL` (a kernel that changes a run's
+rounding comes at a new level; ``enabled(1)`` keeps the older set), and ``results verify``
+re-runs a record the way it was made. Where a kernel does not apply (a CUDA tensor, another dtype, a ``torch.compile`` trace) or
 no compiler is found, the PyTorch path runs; :func:`status` says which and why.
 
 Each kernel is tested against the library's reference in float64 (values and gradients, and
@@ -43,6 +44,9 @@ __all__ = [
     "applies",
     "enabled",
     "is_enabled",
+    "level",
+    "resolve_level",
+    "LEVEL",
     "call",
     "kernel",
     "library",
@@ -59,20 +63,45 @@ _lib: ctypes.CDLL | None = None
 _error: str | None = None
 
 
+#: the level :func:`enabled` switches on by default: the set of kernels a run uses. Each new
+#: kernel that changes a training run's rounding comes at a new level, so that a run made at an
+#: earlier level (its record says ``native_level``; records without it were made at level 1)
+#: re-runs exactly at that level. Level 1: the pairwise, projection, Woodbury, skew and Gram
+#: kernels and the cofactor regulariser's causal heads. Level 2 adds the Fiber Bundle
+#: regulariser in one kernel per layer (:class:`attention_atlas.native.functions.FiberBundleTerms`).
+LEVEL = 2
+
+
+def level() -> int:
+    """The native kernels' level switched on in this thread (0: off; :func:`enabled`)."""
+    return int(getattr(_state, "level", 0))
+
+
 def is_enabled() -> bool:
     """Whether the native kernels are switched on in this thread (:func:`enabled`)."""
-    return bool(getattr(_state, "on", False))
+    return level() > 0
+
+
+def resolve_level(on: bool | int) -> int:
+    """The level that ``enabled(on)`` switches on: ``True`` :data:`LEVEL`, ``False`` 0, an int
+    that level (``0 <= on <= LEVEL``)."""
+    if isinstance(on, bool):
+        return LEVEL if on else 0
+    if not isinstance(on, int) or not 0 <= on <= LEVEL:
+        raise ValueError(f"native level must be a bool or an int from 0 to {LEVEL}, got {on!r}")
+    return on
 
 
 @contextlib.contextmanager
-def enabled(on: bool = True) -> Iterator[None]:
-    """Switch the native kernels on (or off) inside the block, in this thread."""
-    before = is_enabled()
-    _state.on = bool(on)
+def enabled(on: bool | int = True) -> Iterator[None]:
+    """Switch the native kernels on (or off) inside the block, in this thread: ``True`` at
+    :data:`LEVEL`, an int at that level (a record's ``native_level``), ``False`` off."""
+    before = level()
+    _state.level = resolve_level(on)
     try:
         yield
     finally:
-        _state.on = before
+        _state.level = before
 
 
 def _cache_dir() -> Path:
@@ -141,6 +170,7 @@ _SIGNATURES = {
     "skew_backward": "pppppppnnnnnnnnnn",
     "gram_forward": "pppppnnnn",
     "gram_backward": "ppppppnnnn",
+    "fbt_terms": "pppnnnnpfffi",
     "causal_head_forward": "pppppnnnnnfff",
     "causal_head_backward": "pppppppnnnnnnnfff",
     "causal_heads_fused": "ppnnnnnnnpppnnnnfffi",
@@ -198,9 +228,10 @@ def applies(*tensors: Tensor) -> bool:
     return library() is not None
 
 
-def active(*tensors: Tensor) -> bool:
-    """Switched on (:func:`enabled`) and applicable to these tensors (:func:`applies`)."""
-    return is_enabled() and applies(*tensors)
+def active(*tensors: Tensor, since: int = 1) -> bool:
+    """Switched on (:func:`enabled`) at level ``since`` or above and applicable to these tensors
+    (:func:`applies`)."""
+    return level() >= since and applies(*tensors)
 
 
 def kernel(name: str, dtype: torch.dtype) -> Any:

@@ -9,6 +9,7 @@ maths, other rounding), and each is tested against that function's reference in 
 | :class:`WoodburyApply` | ``riemannian.geometry.metric_preconditioned_update`` (eq. (26)) |
 | :class:`SkewFactorsApply` | ``riemannian.geometry.skew_factors_apply`` (eqs. (22), (24)) |
 | :class:`GramSums` | ``riemannian.regularizers.gram_sums`` (eqs. (32), (33)) |
+| :class:`FiberBundleTerms` (level 2) | ``riemannian.regularizers.fiber_bundle_regularizer`` (eqs. (31) to (34)) |
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import call
+from . import call, kernel
 
 __all__ = [
     "CausalPairwiseTerms",
+    "FiberBundleTerms",
     "GramSums",
     "MetricProjection",
     "PairwiseTerms",
@@ -226,3 +228,47 @@ class GramSums(torch.autograd.Function):
         call("gram_backward", ut, m, ds.contiguous(), dc.contiguous(), dm.contiguous(), d_ut,
              *ut.shape)  # fmt: skip
         return d_ut
+
+
+class FiberBundleTerms(torch.autograd.Function):
+    """The scheduled sum of the Fiber Bundle regularisers, mean over layers: ``spec = (w,
+    kappa_min, kappa_max)`` with ``w`` the five weights of
+    ``riemannian.regularizers.TERMS`` (``anti, div, smooth, cap, l2``), then each layer's ``ut =
+    U^T (N, L, r, d)`` (contiguous: the r-major storage of ``U (B, H, L, d, r)``); a scalar of
+    their dtype, ``mean_layers sum_k w_k term_k``. One kernel call per layer forms the terms and,
+    under autograd, the gradient of the sum (the Gram matrices, ``M`` and ``kappa`` still in
+    hand), so the backward only scales it; the Gram sums are skipped where ``div`` and ``smooth``
+    weigh 0. Native level 2 (:data:`attention_atlas.native.LEVEL`)."""
+
+    @staticmethod
+    def forward(ctx: Any, spec: tuple[Sequence[float], float, float], *uts: Tensor) -> Tensor:  # type: ignore[override]
+        w, kappa_min, kappa_max = spec
+        if len(w) != 5 or not uts:
+            raise ValueError(f"need 5 weights and at least one layer, got {len(w)} and {len(uts)}")
+        first = uts[0]
+        n, seq, r, d = first.shape
+        for ut in uts:
+            if ut.shape != first.shape or ut.dtype != first.dtype or not ut.is_contiguous():
+                raise ValueError("the layers' ut must be contiguous (N, L, r, d) of one dtype, got "
+                                 f"{[(tuple(u.shape), u.dtype, u.is_contiguous()) for u in uts]}")  # fmt: skip
+        weights = torch.tensor([float(x) for x in w], dtype=torch.float64)
+        grams = int(w[1] != 0 or w[2] != 0)
+        grad = any(ctx.needs_input_grad[1:])
+        sc = 1.0 / len(uts)
+        terms = torch.empty(len(uts), 5, dtype=torch.float64)
+        fn = kernel("fbt_terms", first.dtype)
+        grads = []
+        for i, ut in enumerate(uts):
+            dut = torch.empty_like(ut) if grad else None
+            fn(ut.data_ptr(), 0 if dut is None else dut.data_ptr(), terms[i].data_ptr(), n, seq,
+               r, d, weights.data_ptr(), float(kappa_min), float(kappa_max), sc, grams)  # fmt: skip
+            grads.append(dut)
+        ctx.grads = grads
+        per_term = terms.sum(0).tolist()  # each term summed over the layers
+        return torch.tensor(sc * sum(float(x) * t for x, t in zip(w, per_term)), dtype=first.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        if g.item() == 1.0:  # the usual weight: the gradient as formed (d * 1 would copy it)
+            return (None, *ctx.grads)
+        return (None, *(None if d is None else d * g for d in ctx.grads))

@@ -276,6 +276,8 @@ DEFINE_KERNELS(double, f64)
  * (U[s][c][lane], x[c][lane]; lanes past N are zeros), so every loop below runs over lanes,
  * with no reduction inside a vector and no dependence between lanes. */
 #define TK 16
+#define FMA_f32 fmaf
+#define FMA_f64 fma
 #define LANES for (long l = 0; l < TK; ++l)
 #define SIMD_LANES _Pragma("omp simd") LANES
 
@@ -652,6 +654,162 @@ static inline __attribute__((always_inline)) void gram_backward_body_##SUF(     
             unstage_##SUF(D, t0, nb, r * d, dut + n * L * r * d); \
         }                                                                                      \
     }                                                                                          \
+}                                                                                              \
+/* The Fiber Bundle regularisers of one layer (attention_atlas.native.functions.FiberBundleTerms), \
+   ut (N, L, r, d): kappa_t = |U_t|_F^2, s_t = |G_t|^2 and c_t = |C_t|^2 with G_t = U_t^T U_t  \
+   and C_t = U_t^T U_{t+1}, T_n = |M_n|^2 with M_n = sum_t U_t U_t^T; out (5, double) = the    \
+   means anti (eq. (31)), div (eq. (32)), smooth (eq. (33)), cap (eq. (34)), l2 (mean kappa).  \
+   With dut, the gradient of sc * sum_k w_k out_k with respect to ut: 2 dk_t U_t^T             \
+   + 4 ds_t G_t U_t^T + 2 dc_t C_t U_{t+1}^T + 2 dc_{t-1} C_{t-1}^T U_{t-1}^T + 4 dT U_t^T M.  \
+   Each item is staged once, token-innermost with a zero column either side, S (r d, Ls) with  \
+   token t in column t + 1, so a block's tokens, their successors and their predecessors are   \
+   the same rows read one column apart; G_t and C_t (GS, CS (r r, Ls), column t + 1) and       \
+   kappa_t (KS) stay there for the gradient. grams = 0 (div and smooth weigh 0): no Gram       \
+   sums. Sums over tokens in double; M on and above its diagonal. */                           \
+static inline __attribute__((always_inline)) void lanes_gram_s_##SUF(                          \
+        const T* RESTRICT U, const T* RESTRICT V, long su, T* RESTRICT G, long sg, long r,     \
+        long d) {                                                                              \
+    T acc[RMAX * RMAX * TK];  /* the r r sums side by side: each c's 2 r rows read once */     \
+    for (long t = 0; t < r * r * TK; ++t) acc[t] = 0;                                          \
+    for (long c = 0; c < d; ++c)                                                               \
+        for (long i = 0; i < r; ++i)                                                           \
+            for (long j = 0; j < r; ++j) {                                                     \
+                T* o = acc + (i * r + j) * TK;                                                 \
+                const T *ui = U + (i * d + c) * su, *vj = V + (j * d + c) * su;                \
+                SIMD_LANES o[l] = FMA_##SUF(ui[l], vj[l], o[l]);                               \
+            }                                                                                  \
+    for (long t = 0; t < r * r; ++t) {                                                         \
+        T* g = G + t * sg; const T* a = acc + t * TK;                                          \
+        SIMD_LANES g[l] = a[l];                                                                \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void fbt_terms_body_##SUF(                        \
+        const T* RESTRICT ut, T* RESTRICT dut, double* RESTRICT out, long N, long L, long r,   \
+        long d, const double* RESTRICT w, double kmin, double kmax, double sc, int grams,      \
+        T* RESTRICT S, T* RESTRICT GS, T* RESTRICT CS, T* RESTRICT KS, long Ls) {              \
+    T D[RMAX * d * TK], Ma[d * d * TK], fs[TK], fn[TK], fp[TK], fk[TK], o[TK], m[d * d];       \
+    const double NL = (double)N * L, NL1 = (double)N * (L - 1);                                \
+    double anti = 0, cap = 0, l2 = 0, div = 0, smooth = 0;                                     \
+    const double ds_div = -w[1] * 2.0 / (N * (L - 1.0)), ds_sm = w[2] / NL1;                   \
+    const double dc_all = -2.0 * w[2] / NL1, dT = w[1] * 2.0 / (N * (double)L * (L - 1.0));    \
+    for (long i = 0; i < r * d * Ls; ++i) S[i] = 0;                                            \
+    for (long i = 0; i < r * r * Ls; ++i) CS[i] = 0;                                           \
+    for (long n = 0; n < N; ++n) {                                                             \
+        const T* u = ut + n * L * r * d;                                                       \
+        for (long t = 0; t < L; ++t)                                                           \
+            for (long i = 0; i < r * d; ++i) S[i * Ls + t + 1] = u[t * r * d + i];             \
+        double s_sum = 0, s_pair = 0, c_sum = 0;                                               \
+        for (long t = 0; t < d * d * TK; ++t) Ma[t] = 0;                                       \
+        for (long t0 = 0; t0 < L; t0 += TK) {                                                  \
+            const long nb = L - t0 < TK ? L - t0 : TK;                                         \
+            const T* U = S + t0 + 1;                                                           \
+            T* kap = KS + t0;                                                                  \
+            SIMD_LANES kap[l] = 0;                                                             \
+            for (long i = 0; i < r * d; ++i) { const T* ui = U + i * Ls; SIMD_LANES kap[l] += ui[l] * ui[l]; } \
+            for (long l = 0; l < nb; ++l) {                                                    \
+                const double k = kap[l];                                                       \
+                anti += k < kmin ? kmin - k : 0.0;                                             \
+                cap += k > kmax ? k - kmax : 0.0;                                              \
+                l2 += k;                                                                       \
+            }                                                                                  \
+            if (!grams) continue;                                                              \
+            T* G = GS + t0 + 1;                                                                \
+            lanes_gram_s_##SUF(U, U, Ls, G, Ls, r, d);                                         \
+            SIMD_LANES o[l] = 0;                                                               \
+            for (long t = 0; t < r * r; ++t) { const T* gt = G + t * Ls; SIMD_LANES o[l] += gt[l] * gt[l]; } \
+            for (long l = 0; l < nb; ++l) {                                                    \
+                const long t = t0 + l;                                                         \
+                s_sum += o[l];                                                                 \
+                s_pair += (double)o[l] * ((t < L - 1) + (t > 0));                              \
+            }                                                                                  \
+            T* C = CS + t0 + 1;                                                                \
+            lanes_gram_s_##SUF(U, U + 1, Ls, C, Ls, r, d);  /* zero where t + 1 = L */         \
+            SIMD_LANES o[l] = 0;                                                               \
+            for (long t = 0; t < r * r; ++t) { const T* ct = C + t * Ls; SIMD_LANES o[l] += ct[l] * ct[l]; } \
+            for (long l = 0; l < nb; ++l) c_sum += o[l];                                       \
+            for (long b = 0; b < d; ++b)                                                       \
+                for (long c = b; c < d; ++c) {                                                 \
+                    T* mb = Ma + (b * d + c) * TK;                                             \
+                    for (long i = 0; i < r; ++i) {                                             \
+                        const T *ub = U + (i * d + b) * Ls, *uc = U + (i * d + c) * Ls;        \
+                        SIMD_LANES mb[l] = FMA_##SUF(ub[l], uc[l], mb[l]);                     \
+                    }                                                                          \
+                }                                                                              \
+        }                                                                                      \
+        if (grams) {                                                                           \
+            double tot = 0;                                                                    \
+            for (long b = 0; b < d; ++b)                                                       \
+                for (long c = b; c < d; ++c) {                                                 \
+                    T acc = 0;                                                                 \
+                    for (long l = 0; l < TK; ++l) acc += Ma[(b * d + c) * TK + l];             \
+                    m[b * d + c] = m[c * d + b] = acc;                                         \
+                    tot += (b == c ? 1.0 : 2.0) * (double)acc * acc;                           \
+                }                                                                              \
+            div -= (2.0 * L * s_sum - 2.0 * tot) / ((double)L * (L - 1));                      \
+            smooth += s_pair - 2.0 * c_sum;                                                    \
+        }                                                                                      \
+        if (!dut) continue;                                                                    \
+        const T fm = (T)(4 * sc * dT);                                                         \
+        for (long t0 = 0; t0 < L; t0 += TK) {                                                  \
+            const long nb = L - t0 < TK ? L - t0 : TK;                                         \
+            const T* U = S + t0 + 1;                                                           \
+            LANES {                                                                            \
+                const long t = t0 + l;                                                         \
+                const double k = KS[t0 + l];                                                   \
+                const double dk = (-(k < kmin) * w[0] + (k > kmax) * w[3] + w[4]) / NL;        \
+                fk[l] = l < nb ? (T)(2 * sc * dk) : 0;                                         \
+                fs[l] = l < nb ? (T)(4 * sc * (ds_div + ds_sm * ((t < L - 1) + (t > 0)))) : 0; \
+                fn[l] = l < nb && t < L - 1 ? (T)(2 * sc * dc_all) : 0;                        \
+                fp[l] = l < nb && t > 0 ? (T)(2 * sc * dc_all) : 0;                            \
+            }                                                                                  \
+            for (long i = 0; i < r * d; ++i) {  /* 2 dk U^T */                                 \
+                T* o2 = D + i * TK; const T* ui = U + i * Ls;                                  \
+                SIMD_LANES o2[l] = fk[l] * ui[l];                                              \
+            }                                                                                  \
+            if (grams) {                                                                       \
+                for (long i = 0; i < r; ++i) {  /* + 4 dT U^T M, a row's d sums at once */     \
+                    T* o2 = D + i * d * TK;                                                    \
+                    for (long b = 0; b < d; ++b) {                                             \
+                        const T* ub = U + (i * d + b) * Ls;                                    \
+                        for (long c = 0; c < d; ++c) {                                         \
+                            const T mbc = fm * m[b * d + c];                                   \
+                            SIMD_LANES o2[c * TK + l] = FMA_##SUF(mbc, ub[l], o2[c * TK + l]); \
+                        }                                                                      \
+                    }                                                                          \
+                }                                                                              \
+                /* + 4 ds G_t U_t^T, 2 dc C_t U_{t+1}^T, 2 dc_{t-1} C_{t-1}^T U_{t-1}^T */     \
+                for (long pass = 0; pass < 3; ++pass) {                                        \
+                    const T* other = pass == 0 ? U : pass == 1 ? U + 1 : U - 1;                \
+                    const T* f = pass == 0 ? fs : pass == 1 ? fn : fp;                         \
+                    const T* Gp = pass == 0 ? GS + t0 + 1 : pass == 1 ? CS + t0 + 1 : CS + t0; \
+                    for (long i = 0; i < r; ++i)                                               \
+                        for (long j = 0; j < r; ++j) {                                         \
+                            T fg[TK];                                                          \
+                            const T* gij = Gp + (pass == 2 ? j * r + i : i * r + j) * Ls;      \
+                            SIMD_LANES fg[l] = f[l] * gij[l];                                  \
+                            for (long c = 0; c < d; ++c) {                                     \
+                                T* o2 = D + (i * d + c) * TK;                                  \
+                                const T* oj = other + (j * d + c) * Ls;                        \
+                                SIMD_LANES o2[l] = FMA_##SUF(fg[l], oj[l], o2[l]);             \
+                            }                                                                  \
+                        }                                                                      \
+                }                                                                              \
+            }                                                                                  \
+            unstage_##SUF(D, t0, nb, r * d, dut + n * L * r * d);                              \
+        }                                                                                      \
+    }                                                                                          \
+    out[0] = anti / NL; out[1] = grams ? div / N : 0; out[2] = grams ? smooth / NL1 : 0;       \
+    out[3] = cap / NL; out[4] = l2 / NL;                                                       \
+}                                                                                              \
+void fbt_terms_##SUF(const T* RESTRICT ut, T* RESTRICT dut, double* RESTRICT out, long N, long L, long r, long d, const double* RESTRICT w, double kmin, double kmax, double sc, int grams) { \
+    const long Ls = (L + TK - 1) / TK * TK + 2;  /* columns: a zero, L tokens, zeros */        \
+    T* S = (T*)malloc(sizeof(T) * (r * d + 2 * r * r + 1) * Ls);                               \
+    if (!S) { for (int k = 0; k < 5; ++k) out[k] = NAN; return; }  /* no memory */             \
+    T *GS = S + r * d * Ls, *CS = GS + r * r * Ls, *KS = CS + r * r * Ls;                      \
+    if (r == 4 && d == 16) fbt_terms_body_##SUF(ut, dut, out, N, L, 4, 16, w, kmin, kmax, sc, grams, S, GS, CS, KS, Ls); \
+    else if (r == 8 && d == 16) fbt_terms_body_##SUF(ut, dut, out, N, L, 8, 16, w, kmin, kmax, sc, grams, S, GS, CS, KS, Ls); \
+    else fbt_terms_body_##SUF(ut, dut, out, N, L, r, d, w, kmin, kmax, sc, grams, S, GS, CS, KS, Ls); \
+    free(S);                                                                                   \
 }                                                                                              \
 void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_) {\
     if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 2, 16, s_); return; }\

@@ -122,7 +122,7 @@ def train(
             if run.slot is not None:  # a resumable_training block's run, resumed
                 t = run.progress.timing  # the training time before, to the checkpoint
                 run.slot.resumed_at(run.progress.step, t["t_train"] + t["interval_elapsed"])
-        use_native = cfg.native or native.is_enabled()
+        use_native = native.level() or cfg.native  # an enclosing block's level (a record's) wins
         if use_native and native.library() is None:
             warnings.warn(f"{native.status()}; the PyTorch paths run", RuntimeWarning, stacklevel=2)
         with native.enabled(use_native):
@@ -445,6 +445,7 @@ def _finish(run: _Run, t_train: float, cpu_s: float) -> TrainResult:
             **cfg.to_dict(),
             "compile": cfg.compile or compiling() is not None,
             "native": cfg.native or native.is_enabled(),
+            "native_level": native.level(),  # 0: off (attention_atlas.native.LEVEL)
         },
         "data": {
             "name": getattr(run.data, "name", type(run.data).__name__),

@@ -292,8 +292,16 @@ def fiber_bundle_regularizer(
     Us = metric_factors(output)
     if not Us:
         return output.logits.new_zeros(())
-    total = output.logits.new_zeros(())
     used = tuple(k for k in TERMS if w[k] != 0.0)  # a term of weight 0 is not computed
+    seq, d, r = Us[0].shape[-3:]
+    if used and native.active(*Us, since=2) and r <= native.MAX_RANK:
+        from ...native.functions import FiberBundleTerms  # one kernel per layer (level 2)
+
+        _check_positions(Us[0], "the metric regularisers")
+        uts = [U.transpose(-1, -2).reshape(-1, seq, r, d) for U in Us]  # views (r-major U)
+        spec = ([w[k] for k in TERMS], kappa_min, kappa_max)
+        return FiberBundleTerms.apply(spec, *[ut.contiguous() for ut in uts])
+    total = output.logits.new_zeros(())
     for U in Us:
         terms = regularizer_terms(U, kappa_min=kappa_min, kappa_max=kappa_max, terms=used)
         total = total + sum((w[k] * v for k, v in terms.items()), output.logits.new_zeros(()))
