@@ -33,6 +33,10 @@
 /* query rows per block of the causal-head kernels (independent sums in registers) */
 #define RB 4
 
+/* 16 numbers (a head of dimension 16) as one vector value, for accumulators kept in registers */
+typedef float V16_f32 __attribute__((vector_size(64)));
+typedef double V16_f64 __attribute__((vector_size(128)));
+
 #define DEFINE_KERNELS(T, SUF)                                                                 \
                                                                                                \
 /* token-innermost copies of one item, zero-padded to Lp = L rounded up to JB: kT (d, Lp),     \
@@ -82,6 +86,29 @@ static inline __attribute__((always_inline)) void block_terms_##SUF(            
     }                                                                                          \
 }                                                                                              \
                                                                                                \
+/* block_terms for d = 16 and JB = 16 (the same sums in the same order), e and f vector values */ \
+static inline __attribute__((always_inline)) void block_terms16_##SUF(                         \
+        const T* RESTRICT ui, const T* RESTRICT qi, const T* RESTRICT ai, const T* RESTRICT kT, \
+        const T* RESTRICT uT, const T* RESTRICT b, long Lp, long j0, long R,                   \
+        V16_##SUF e[RMAX], V16_##SUF f[RMAX]) {                                                \
+    for (long s = 0; s < R; ++s) {                                                             \
+        V16_##SUF bv;                                                                          \
+        memcpy(&bv, b + s * Lp + j0, sizeof bv);                                               \
+        f[s] = -bv;                                                                            \
+        for (long jj = 0; jj < 16; ++jj) e[s][jj] = ai[s];                                     \
+    }                                                                                          \
+    for (long c = 0; c < 16; ++c) {                                                            \
+        V16_##SUF kc, uc;                                                                      \
+        memcpy(&kc, kT + c * Lp + j0, sizeof kc);                                              \
+        const T qc = qi[c];                                                                    \
+        for (long s = 0; s < R; ++s) {                                                         \
+            const T w = ui[s * 16 + c];                                                        \
+            memcpy(&uc, uT + (s * 16 + c) * Lp + j0, sizeof uc);                               \
+            e[s] -= w * kc;                                                                    \
+            f[s] += qc * uc;                                                                   \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
 static inline __attribute__((always_inline)) void forward_item_##SUF(                         \
         const T* RESTRICT u, const T* RESTRICT q, const T* RESTRICT kT, const T* RESTRICT uT,  \
         const T* RESTRICT a, const T* RESTRICT b, T* RESTRICT out, long L, long Lp, long R,   \
@@ -148,21 +175,84 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
             for (long i = i0; i < i1; ++i) {                                                   \
                 const T* gi = grad + i * L;                                                    \
                 for (long jb = j0; jb < j1; jb += JB) {                                        \
+                    if (d == 16 && JB == 16 && jb + JB <= j1) {  /* as below, in registers */  \
+                        V16_##SUF ev[RMAX], fv[RMAX], gv, wv, w2v, dbv;                        \
+                        block_terms16_##SUF(u + i * R * 16, q + i * 16, a + i * R, kT, uT, b, Lp, \
+                                            jb, R, ev, fv);                                    \
+                        for (long jj = 0; jj < 16; ++jj)                                       \
+                            gv[jj] = (causal && jb + jj > i) ? 0 : two_scale * gi[jb + jj];    \
+                        const long p = (i - i0) * TB + jb - j0;                                \
+                        for (long s = 0; s < R; ++s) {                                         \
+                            wv = gv * ev[s];                                                   \
+                            w2v = gv * fv[s];                                                  \
+                            memcpy(W + s * TB * TB + p, &wv, sizeof wv);                       \
+                            memcpy(W2 + s * TB * TB + p, &w2v, sizeof w2v);                    \
+                            T acc = da[i * R + s];                                             \
+                            for (long jj = 0; jj < 16; ++jj) acc += wv[jj];                    \
+                            da[i * R + s] = acc;                                               \
+                            memcpy(&dbv, db + s * Lp + jb, sizeof dbv);                        \
+                            dbv -= w2v;                                                        \
+                            memcpy(db + s * Lp + jb, &dbv, sizeof dbv);                        \
+                        }                                                                      \
+                        continue;                                                              \
+                    }                                                                          \
                     block_terms_##SUF(u + i * R * d, q + i * d, a + i * R, kT, uT, b, Lp, jb,  \
                                       R, d, e, f);                                             \
                     for (long jj = 0; jj < JB && jb + jj < j1; ++jj) {                         \
                         const long j = jb + jj;                                                \
                         const T g = (causal && j > i) ? 0 : two_scale * gi[j];                 \
-                        T* w = W + ((i - i0) * TB + j - j0) * R;                               \
-                        T* w2 = W2 + ((i - i0) * TB + j - j0) * R;                             \
+                        const long p = (i - i0) * TB + j - j0;  /* W and W2 are (R, TB, TB) */ \
                         for (long s = 0; s < R; ++s) {                                         \
-                            w[s] = g * e[s][jj];                                               \
-                            w2[s] = g * f[s][jj];                                              \
-                            da[i * R + s] += w[s];                                             \
-                            db[s * Lp + j] -= w2[s];                                           \
+                            const T w = g * e[s][jj], w2 = g * f[s][jj];                       \
+                            W[s * TB * TB + p] = w;                                            \
+                            W2[s * TB * TB + p] = w2;                                          \
+                            da[i * R + s] += w;                                                \
+                            db[s * Lp + j] -= w2;                                              \
                         }                                                                      \
                     }                                                                          \
                 }                                                                              \
+            }                                                                                  \
+            if (d == 16) {  /* the same sums, their accumulators held in vector registers */   \
+                for (long i = i0; i < i1; ++i) {                                               \
+                    V16_##SUF au[RMAX], aq;                                                    \
+                    for (long s = 0; s < R; ++s) memcpy(&au[s], ru + (i * R + s) * 16, sizeof aq); \
+                    memcpy(&aq, rq + i * 16, sizeof aq);                                       \
+                    const long jm = causal && i + 1 < j1 ? i + 1 : j1;                         \
+                    for (long j = j0; j < jm; ++j) {                                           \
+                        V16_##SUF kv, us;                                                      \
+                        memcpy(&kv, k + j * 16, sizeof kv);                                    \
+                        const T* uj = u + j * R * 16;                                          \
+                        const T* w = W + (i - i0) * TB + j - j0;  /* w[s * TB * TB] */                         \
+                        const T* w2 = W2 + (i - i0) * TB + j - j0;                       \
+                        for (long s = 0; s < R; ++s) {                                         \
+                            memcpy(&us, uj + s * 16, sizeof us);                               \
+                            au[s] -= w[s * TB * TB] * kv;                                                \
+                            aq += w2[s * TB * TB] * us;                                                  \
+                        }                                                                      \
+                    }                                                                          \
+                    for (long s = 0; s < R; ++s) memcpy(ru + (i * R + s) * 16, &au[s], sizeof aq); \
+                    memcpy(rq + i * 16, &aq, sizeof aq);                                       \
+                }                                                                              \
+                for (long j = j0; j < j1; ++j) {                                               \
+                    V16_##SUF au[RMAX], ak;                                                    \
+                    for (long s = 0; s < R; ++s) memcpy(&au[s], cu + (j * R + s) * 16, sizeof ak); \
+                    memcpy(&ak, ck + j * 16, sizeof ak);                                       \
+                    for (long i = causal && j > i0 ? j : i0; i < i1; ++i) {                    \
+                        V16_##SUF qv, us;                                                      \
+                        memcpy(&qv, q + i * 16, sizeof qv);                                    \
+                        const T* ui = u + i * R * 16;                                          \
+                        const T* w = W + (i - i0) * TB + j - j0;  /* w[s * TB * TB] */                         \
+                        const T* w2 = W2 + (i - i0) * TB + j - j0;                       \
+                        for (long s = 0; s < R; ++s) {                                         \
+                            memcpy(&us, ui + s * 16, sizeof us);                               \
+                            ak -= w[s * TB * TB] * us;                                                   \
+                            au[s] += w2[s * TB * TB] * qv;                                               \
+                        }                                                                      \
+                    }                                                                          \
+                    for (long s = 0; s < R; ++s) memcpy(cu + (j * R + s) * 16, &au[s], sizeof ak); \
+                    memcpy(ck + j * 16, &ak, sizeof ak);                                       \
+                }                                                                              \
+                continue;                                                                      \
             }                                                                                  \
             for (long i = i0; i < i1; ++i) {                                                   \
                 T au[RMAX][d], aq[d];                                                          \
@@ -173,10 +263,10 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                 for (long j = j0; j < jm; ++j) {                                               \
                     const T* kj = k + j * d;                                                   \
                     const T* uj = u + j * R * d;                                               \
-                    const T* w = W + ((i - i0) * TB + j - j0) * R;                             \
-                    const T* w2 = W2 + ((i - i0) * TB + j - j0) * R;                           \
+                    const T* w = W + (i - i0) * TB + j - j0;  /* w[s * TB * TB] */                             \
+                    const T* w2 = W2 + (i - i0) * TB + j - j0;                           \
                     for (long s = 0; s < R; ++s) {                                             \
-                        const T ws = w[s], w2s = w2[s];                                        \
+                        const T ws = w[s * TB * TB], w2s = w2[s * TB * TB];                                        \
                         _Pragma("omp simd")                                                    \
                         for (long c = 0; c < d; ++c) {                                         \
                             au[s][c] -= ws * kj[c];                                            \
@@ -196,10 +286,10 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                 for (long i = causal && j > i0 ? j : i0; i < i1; ++i) {                        \
                     const T* qi = q + i * d;                                                   \
                     const T* ui = u + i * R * d;                                               \
-                    const T* w = W + ((i - i0) * TB + j - j0) * R;                             \
-                    const T* w2 = W2 + ((i - i0) * TB + j - j0) * R;                           \
+                    const T* w = W + (i - i0) * TB + j - j0;  /* w[s * TB * TB] */                             \
+                    const T* w2 = W2 + (i - i0) * TB + j - j0;                           \
                     for (long s = 0; s < R; ++s) {                                             \
-                        const T ws = w[s], w2s = w2[s];                                        \
+                        const T ws = w[s * TB * TB], w2s = w2[s * TB * TB];                                        \
                         _Pragma("omp simd")                                                    \
                         for (long c = 0; c < d; ++c) {                                         \
                             ak[c] -= ws * ui[s * d + c];                                       \
@@ -249,6 +339,29 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
                                          da, db, L, Lp, r, d, two_scale, causal);              \
         }                                                                                      \
         /* the centres: a_is = u_is . q_i and b_js = u_js . k_j */                             \
+        if (d == 16) {  /* the loop below, its 16 columns as one vector value */               \
+            for (long t = 0; t < L; ++t) {                                                     \
+                V16_##SUF sq, sk, qv, kv, wv, rv, cv, dv;                                      \
+                memcpy(&sq, rq + t * 16, sizeof sq);                                           \
+                memcpy(&sk, ck + t * 16, sizeof sk);                                           \
+                memcpy(&qv, q + t * 16, sizeof qv);                                            \
+                memcpy(&kv, k + t * 16, sizeof kv);                                            \
+                for (long s = 0; s < r; ++s) {                                                 \
+                    const T das = da[t * r + s], dbs = db[s * Lp + t];                         \
+                    const long o = (t * r + s) * 16;                                           \
+                    memcpy(&wv, u + o, sizeof wv);                                             \
+                    memcpy(&rv, ru + o, sizeof rv);                                            \
+                    memcpy(&cv, cu + o, sizeof cv);                                            \
+                    dv = rv + cv + das * qv + dbs * kv;                                        \
+                    memcpy(du + o, &dv, sizeof dv);                                            \
+                    sq += das * wv;                                                            \
+                    sk += dbs * wv;                                                            \
+                }                                                                              \
+                memcpy(dq + t * 16, &sq, sizeof sq);                                           \
+                memcpy(dk + t * 16, &sk, sizeof sk);                                           \
+            }                                                                                  \
+            continue;                                                                          \
+        }                                                                                      \
         for (long t = 0; t < L; ++t)                                                           \
             for (long c = 0; c < d; ++c) {                                                     \
                 T sq = rq[t * d + c], sk = ck[t * d + c];                                      \
