@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) void block_terms16_##SUF(          
         V16_##SUF bv;                                                                          \
         memcpy(&bv, b + s * Lp + j0, sizeof bv);                                               \
         f[s] = -bv;                                                                            \
-        for (long jj = 0; jj < 16; ++jj) e[s][jj] = ai[s];                                     \
+        e[s] = ai[s] - (V16_##SUF){0};  /* a broadcast: x - 0 is x, -0 included */             \
     }                                                                                          \
     for (long c = 0; c < 16; ++c) {                                                            \
         V16_##SUF kc, uc;                                                                      \
@@ -118,6 +118,21 @@ static inline __attribute__((always_inline)) void forward_item_##SUF(           
         const long m = causal ? i + 1 : L;                                                     \
         T* o = out + i * L;                                                                    \
         for (long j0 = 0; j0 < m; j0 += JB) {                                                  \
+            if (d == 16 && JB == 16) {  /* the same sums, held in vector registers */          \
+                V16_##SUF ev[RMAX], fv[RMAX], rv = {0}, ov;                                    \
+                block_terms16_##SUF(u + i * R * 16, q + i * 16, a + i * R, kT, uT, b, Lp, j0, R, \
+                                    ev, fv);                                                   \
+                for (long s = 0; s < R; ++s) rv += ev[s] * ev[s] + fv[s] * fv[s];              \
+                const long jn = m - j0 < JB ? m - j0 : JB;                                     \
+                if (jn == 16) {                                                                \
+                    memcpy(&ov, o + j0, sizeof ov);                                            \
+                    ov += scale * rv;                                                          \
+                    memcpy(o + j0, &ov, sizeof ov);                                            \
+                } else {                                                                       \
+                    for (long jj = 0; jj < jn; ++jj) o[j0 + jj] += scale * rv[jj];             \
+                }                                                                              \
+                continue;                                                                      \
+            }                                                                                  \
             block_terms_##SUF(u + i * R * d, q + i * d, a + i * R, kT, uT, b, Lp, j0, R, d,    \
                               e, f);                                                           \
             T row[JB];                                                                         \
@@ -179,8 +194,10 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                         V16_##SUF ev[RMAX], fv[RMAX], gv, wv, w2v, dbv;                        \
                         block_terms16_##SUF(u + i * R * 16, q + i * 16, a + i * R, kT, uT, b, Lp, \
                                             jb, R, ev, fv);                                    \
-                        for (long jj = 0; jj < 16; ++jj)                                       \
-                            gv[jj] = (causal && jb + jj > i) ? 0 : two_scale * gi[jb + jj];    \
+                        memcpy(&gv, gi + jb, sizeof gv);                                       \
+                        gv = two_scale * gv;                                                   \
+                        if (causal && jb + 15 > i)  /* 0 for the keys j > i, as below */       \
+                            for (long jj = i + 1 > jb ? i + 1 - jb : 0; jj < 16; ++jj) gv[jj] = 0;\
                         const long p = (i - i0) * TB + jb - j0;                                \
                         for (long s = 0; s < R; ++s) {                                         \
                             wv = gv * ev[s];                                                   \
