@@ -220,6 +220,7 @@ GRADCHECKS = {
         [(2, 3, 2, 2, 2, 5), (2, 3, 2, 2, 2, 5), (2, 2, 3, 5), (2,)],
     ),
     "gram": (NF.GramSums.apply, [(3, 6, 2, 5)]),
+    "metric_strength": (NF.MetricStrength.apply, [(37, 10)]),
 }
 
 
@@ -479,3 +480,19 @@ def test_records_carry_the_level_and_verify_reads_it() -> None:
     assert _native_level({"native": True}) == 1  # made before levels
     assert _native_level({"native": True, "native_level": 2}) == 2
     assert _native_level({}) == 0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_metric_strength_at_level_2_equals_the_definition(shape: tuple[int, ...]) -> None:
+    """kappa_t = |U_t|_F^2 in one pass (level 2) against the sum of squares of the entries."""
+    g = torch.Generator().manual_seed(14)
+    U = _factor(*shape, g).requires_grad_()
+    want = torch.stack([(u * u).sum() for u in U.reshape(-1, *shape[-2:])]).view(shape[:-2])
+    with native.enabled(2):
+        got = G.metric_strength(U)
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=0)
+    w = torch.randn(got.shape, dtype=DT, generator=g)
+    (dg,) = torch.autograd.grad((got * w).sum(), U)
+    torch.testing.assert_close(dg, 2 * w[..., None, None] * U.detach(), rtol=1e-14, atol=0)
+    with native.enabled(1):  # level 1: the PyTorch path, no kernel
+        assert G.metric_strength(U).grad_fn.name() == "SumBackward1"

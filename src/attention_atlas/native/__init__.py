@@ -68,7 +68,9 @@ _error: str | None = None
 #: earlier level (its record says ``native_level``; records without it were made at level 1)
 #: re-runs exactly at that level. Level 1: the pairwise, projection, Woodbury, skew and Gram
 #: kernels and the cofactor regulariser's causal heads. Level 2 adds the Fiber Bundle
-#: regulariser in one kernel per layer (:class:`attention_atlas.native.functions.FiberBundleTerms`).
+#: regulariser in one kernel per layer (:class:`attention_atlas.native.functions.FiberBundleTerms`)
+#: and the metric strength ``kappa_t`` of the curvature in one pass
+#: (:class:`attention_atlas.native.functions.MetricStrength`).
 LEVEL = 2
 
 
@@ -171,6 +173,7 @@ _SIGNATURES = {
     "gram_forward": "pppppnnnn",
     "gram_backward": "ppppppnnnn",
     "fbt_terms": "pppnnnnpfffi",
+    "sumsq": "ppnn",
     "causal_head_forward": "pppppnnnnnfff",
     "causal_head_backward": "pppppppnnnnnnnfff",
     "causal_heads_fused": "ppnnnnnnnpppnnnnfffi",

@@ -9,6 +9,7 @@ maths, other rounding), and each is tested against that function's reference in 
 | :class:`WoodburyApply` | ``riemannian.geometry.metric_preconditioned_update`` (eq. (26)) |
 | :class:`SkewFactorsApply` | ``riemannian.geometry.skew_factors_apply`` (eqs. (22), (24)) |
 | :class:`GramSums` | ``riemannian.regularizers.gram_sums`` (eqs. (32), (33)) |
+| :class:`MetricStrength` (level 2) | ``riemannian.geometry.metric_strength`` |
 | :class:`FiberBundleTerms` (level 2) | ``riemannian.regularizers.fiber_bundle_regularizer`` (eqs. (31) to (34)) |
 """
 
@@ -26,6 +27,7 @@ __all__ = [
     "CausalPairwiseTerms",
     "FiberBundleTerms",
     "GramSums",
+    "MetricStrength",
     "MetricProjection",
     "PairwiseTerms",
     "SkewFactorsApply",
@@ -272,3 +274,20 @@ class FiberBundleTerms(torch.autograd.Function):
         if g.item() == 1.0:  # the usual weight: the gradient as formed (d * 1 would copy it)
             return (None, *ctx.grads)
         return (None, *(None if d is None else d * g for d in ctx.grads))
+
+
+class MetricStrength(torch.autograd.Function):
+    """``kappa_n = |x_n|^2`` for ``x (N, w)`` contiguous (the rows of ``ut = U^T``: ``kappa_t =
+    |U_t|_F^2``), one pass, ``(N,)``; the backward ``2 g_n x_n``. Native level 2."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+        out = x.new_empty(x.shape[0])
+        call("sumsq", x, out, *x.shape)
+        ctx.save_for_backward(x)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        return x * (2 * g).unsqueeze(-1)

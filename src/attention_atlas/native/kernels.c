@@ -941,6 +941,19 @@ void fbt_terms_##SUF(const T* RESTRICT ut, T* RESTRICT dut, double* RESTRICT out
     else fbt_terms_body_##SUF(ut, dut, out, N, L, r, d, w, kmin, kmax, sc, grams, S, GS, CS, KS, Ls); \
     free(S);                                                                                   \
 }                                                                                              \
+/* out[n] = sum_i x[n][i]^2 for x (N, w) contiguous (kappa_t = |U_t|_F^2 on ut rows; level 2) */ \
+void sumsq_##SUF(const T* RESTRICT x, T* RESTRICT out, long N, long w) {                       \
+    for (long n0 = 0; n0 < N; n0 += TK) {                                                      \
+        const long nb = N - n0 < TK ? N - n0 : TK;                                             \
+        T acc[TK];                                                                             \
+        SIMD_LANES acc[l] = 0;                                                                 \
+        for (long i = 0; i < w; ++i) {                                                         \
+            const T* xi = x + n0 * w + i;                                                      \
+            for (long l = 0; l < nb; ++l) acc[l] += xi[l * w] * xi[l * w];                     \
+        }                                                                                      \
+        for (long l = 0; l < nb; ++l) out[n0 + l] = acc[l];                                    \
+    }                                                                                          \
+}                                                                                              \
 void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_) {\
     if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 2, 16, s_); return; }\
     if (r == 4 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 4, 16, s_); return; }\

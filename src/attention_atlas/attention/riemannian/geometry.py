@@ -55,6 +55,11 @@ def factor_apply(U: Tensor, c: Tensor) -> Tensor:
 
 def metric_strength(U: Tensor) -> Tensor:
     """``kappa_t = ||U_t||_F^2`` (the paper's metric strength): ``(..., d, r)`` -> ``(...)``."""
+    ut = U.transpose(-1, -2)
+    if ut.is_contiguous() and native.active(U, since=2):  # one pass (native level 2)
+        from ...native.functions import MetricStrength
+
+        return MetricStrength.apply(ut.reshape(-1, U.shape[-1] * U.shape[-2])).view(U.shape[:-2])
     return (U * U).sum((-1, -2))
 
 
