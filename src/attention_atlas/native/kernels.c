@@ -169,6 +169,20 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
     free(buf);                                                                                 \
 }                                                                                              \
                                                                                                \
+/* one pair's share of a token's sums in the pairwise backward (d = 16): au[s] += (sa wa_s) xv \
+   and ax += (sb wb_s) u_s, with xv and u_s the other token's vector and factor rows (the query \
+   side: wa = W, sa = -1 with its key, wb = W2, sb = 1; the key side the mirror) */            \
+static inline __attribute__((always_inline)) void pair_sums16_##SUF(                           \
+        V16_##SUF au[RMAX], V16_##SUF* ax, const T* RESTRICT xrow, const T* RESTRICT urow,     \
+        const T* RESTRICT wa, T sa, const T* RESTRICT wb, T sb, long R) {                      \
+    V16_##SUF xv, us;                                                                          \
+    memcpy(&xv, xrow, sizeof xv);                                                              \
+    for (long s = 0; s < R; ++s) {                                                             \
+        memcpy(&us, urow + s * 16, sizeof us);                                                 \
+        au[s] += (sa * wa[s * TB * TB]) * xv;                                                  \
+        *ax += (sb * wb[s * TB * TB]) * us;                                                    \
+    }                                                                                          \
+}                                                                                              \
 /* one item's backward, tile by tile (TB x TB pairs): per tile, 1. the weights               \
    W[ii][jj][s] = g_ij e_ijs (the query's metric) and W2 = g_ij f_ijs (the key's), 0 where     \
    j > i (causal), with the centres' sums da (L, r) and db (r, Lp); 2. per query i, sums over  \
@@ -236,16 +250,9 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                     memcpy(&aq, rq + i * 16, sizeof aq);                                       \
                     const long jm = causal && i + 1 < j1 ? i + 1 : j1;                         \
                     for (long j = j0; j < jm; ++j) {                                           \
-                        V16_##SUF kv, us;                                                      \
-                        memcpy(&kv, k + j * 16, sizeof kv);                                    \
-                        const T* uj = u + j * R * 16;                                          \
-                        const T* w = W + (i - i0) * TB + j - j0;  /* w[s * TB * TB] */                         \
-                        const T* w2 = W2 + (i - i0) * TB + j - j0;                       \
-                        for (long s = 0; s < R; ++s) {                                         \
-                            memcpy(&us, uj + s * 16, sizeof us);                               \
-                            au[s] -= w[s * TB * TB] * kv;                                                \
-                            aq += w2[s * TB * TB] * us;                                                  \
-                        }                                                                      \
+                        pair_sums16_##SUF(au, &aq, k + j * 16, u + j * R * 16,                 \
+                                          W + (i - i0) * TB + j - j0, (T)-1,                   \
+                                          W2 + (i - i0) * TB + j - j0, (T)1, R);               \
                     }                                                                          \
                     for (long s = 0; s < R; ++s) memcpy(ru + (i * R + s) * 16, &au[s], sizeof aq); \
                     memcpy(rq + i * 16, &aq, sizeof aq);                                       \
@@ -255,16 +262,9 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                     for (long s = 0; s < R; ++s) memcpy(&au[s], cu + (j * R + s) * 16, sizeof ak); \
                     memcpy(&ak, ck + j * 16, sizeof ak);                                       \
                     for (long i = causal && j > i0 ? j : i0; i < i1; ++i) {                    \
-                        V16_##SUF qv, us;                                                      \
-                        memcpy(&qv, q + i * 16, sizeof qv);                                    \
-                        const T* ui = u + i * R * 16;                                          \
-                        const T* w = W + (i - i0) * TB + j - j0;  /* w[s * TB * TB] */                         \
-                        const T* w2 = W2 + (i - i0) * TB + j - j0;                       \
-                        for (long s = 0; s < R; ++s) {                                         \
-                            memcpy(&us, ui + s * 16, sizeof us);                               \
-                            ak -= w[s * TB * TB] * us;                                                   \
-                            au[s] += w2[s * TB * TB] * qv;                                               \
-                        }                                                                      \
+                        pair_sums16_##SUF(au, &ak, q + i * 16, u + i * R * 16,                 \
+                                          W2 + (i - i0) * TB + j - j0, (T)1,                   \
+                                          W + (i - i0) * TB + j - j0, (T)-1, R);               \
                     }                                                                          \
                     for (long s = 0; s < R; ++s) memcpy(cu + (j * R + s) * 16, &au[s], sizeof ak); \
                     memcpy(ck + j * 16, &ak, sizeof ak);                                       \
