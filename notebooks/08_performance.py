@@ -284,8 +284,9 @@ viz.markdown(steps.compile_sentence(cframes))
 # (`native.LEVEL`, recorded with each run as `native_level`), so that a record re-runs exactly at
 # the level that made it: level 1 holds the attention, projection, transport and Gram kernels
 # and the cofactor heads; level 2 adds the Fiber Bundle regularisers (eqs. (31) to (34)) in one
-# kernel per layer, which forms their gradient while the Gram matrices are in cache, and the
-# metric strength of the curvature (eq. (21)) in one pass. The records
+# kernel per layer, which forms their gradient while the Gram matrices are in cache, the
+# metric strength of the curvature (eq. (21)) in one pass, and the base of the causal scores
+# (the dot-product, norm and curvature terms of eq. (16)) inside the pairwise kernels. The records
 # below time each such step, at the level they name, beside its eager step and the eager
 # dot-product step, in the same interleaved rounds (`bench --train --native`), where they are
 # stored; the quartiles are those of the per-round ratios.

@@ -496,3 +496,46 @@ def test_metric_strength_at_level_2_equals_the_definition(shape: tuple[int, ...]
     torch.testing.assert_close(dg, 2 * w[..., None, None] * U.detach(), rtol=1e-14, atol=0)
     with native.enabled(1):  # level 1: the PyTorch path, no kernel
         assert G.metric_strength(U).grad_fn.name() == "SumBackward1"
+
+
+@pytest.mark.parametrize(
+    "shape", [(2, 3, 9, 16, 3), (1, 2, 40, 16, 4), (2, 1, 33, 16, 8), (1, 1, 2, 16, 2)]
+)
+@pytest.mark.parametrize("softmax", [True, False])
+def test_causal_scores_with_their_base_equal_level_1(shape: tuple[int, ...], softmax: bool) -> None:
+    """Level 2's CausalScores (the base c1 q.k + row + col formed in the pairwise kernel) against
+    level 1's product of the base and pairwise terms, float64, with curvature and blending."""
+    from attention_atlas.attention.riemannian.scores import geodesic_scores_decomposed
+
+    g = torch.Generator().manual_seed(15)
+    b, h, seq, d, r = shape
+    U = 0.5 * _factor(*shape, g)
+    q, k = (torch.randn(b, h, seq, d, dtype=DT, generator=g) for _ in range(2))
+    om = torch.rand(b, h, seq, dtype=DT, generator=g)
+    w = torch.randn(b, h, seq, seq, dtype=DT, generator=g).tril()
+    results = []
+    for level in (1, 2):
+        xs = [t.clone().requires_grad_() for t in (U, q, k, om)]
+        with native.enabled(level):
+            y = geodesic_scores_decomposed(xs[1], xs[2], xs[0], 5.66, curvature=xs[3], alpha=0.7,
+                                           baseline="distance", causal=True, softmax=softmax)  # fmt: skip
+        fused = "CausalScores" in y.grad_fn.next_functions[0][0].name()
+        assert fused == (level == 2)
+        finite = torch.where(torch.isinf(y), 0.0, y)
+        results.append((finite.detach(), *torch.autograd.grad((finite * w).sum(), xs)))
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_causal_scores_pass_gradcheck_and_take_head_dimension_16_only() -> None:
+    g = torch.Generator().manual_seed(16)
+    args = [torch.randn(s, dtype=DT, generator=g).requires_grad_()
+            for s in [(2, 5, 2, 16), (2, 10, 16), (2, 5), (2, 5)]]  # fmt: skip
+
+    def fn(ut: torch.Tensor, x: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+        return NF.CausalScores.apply(ut, x, row, col, 0.8, -0.3, True)
+
+    assert torch.autograd.gradcheck(fn, args)
+    with pytest.raises(ValueError, match="head dimension 16, got 5"):
+        NF.CausalScores.apply(torch.zeros(2, 5, 2, 5, dtype=DT), torch.zeros(2, 10, 5, dtype=DT),
+                              args[2], args[3], 0.8, -0.3, True)  # fmt: skip

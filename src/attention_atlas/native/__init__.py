@@ -70,7 +70,9 @@ _error: str | None = None
 #: kernels and the cofactor regulariser's causal heads. Level 2 adds the Fiber Bundle
 #: regulariser in one kernel per layer (:class:`attention_atlas.native.functions.FiberBundleTerms`)
 #: and the metric strength ``kappa_t`` of the curvature in one pass
-#: (:class:`attention_atlas.native.functions.MetricStrength`).
+#: (:class:`attention_atlas.native.functions.MetricStrength`), and forms the base of the causal
+#: scores inside the pairwise kernels (:class:`attention_atlas.native.functions.CausalScores`,
+#: head dimension 16).
 LEVEL = 2
 
 
@@ -162,8 +164,8 @@ def _build(cc: str) -> Path:
 #: argument types of each kernel (the suffix _f32 or _f64 picks the dtype); ``p`` a pointer,
 #: ``n`` a size, ``f`` a scalar (double), ``i`` a flag
 _SIGNATURES = {
-    "pairwise_forward": "pppnnnnfi",
-    "pairwise_backward": "pppppnnnnfi",
+    "pairwise_forward": "pppnnnnfippf",
+    "pairwise_backward": "pppppnnnnfif",
     "projection_forward": "pppnnnnnnnnf",
     "projection_backward": "pppppnnnnnnnnf",
     "woodbury_forward": "pppnnn",

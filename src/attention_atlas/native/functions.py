@@ -5,6 +5,7 @@ maths, other rounding), and each is tested against that function's reference in 
 | here | the library's function (and its reference) |
 | --- | --- |
 | :class:`CausalPairwiseTerms`, :class:`PairwiseTerms` | ``riemannian.pairwise.pairwise_metric_terms`` (eq. (16)) |
+| :class:`CausalScores` (level 2) | ``riemannian.scores.geodesic_scores_decomposed`` (causal, eq. (16) with its base) |
 | :class:`MetricProjection` | ``riemannian.geometry.metric_aware_projections`` (eq. (20)) |
 | :class:`WoodburyApply` | ``riemannian.geometry.metric_preconditioned_update`` (eq. (26)) |
 | :class:`SkewFactorsApply` | ``riemannian.geometry.skew_factors_apply`` (eqs. (22), (24)) |
@@ -25,6 +26,7 @@ from . import call, kernel
 
 __all__ = [
     "CausalPairwiseTerms",
+    "CausalScores",
     "FiberBundleTerms",
     "GramSums",
     "MetricStrength",
@@ -48,7 +50,7 @@ class CausalPairwiseTerms(torch.autograd.Function):
     def forward(
         ctx: Any, base: Tensor, ut: Tensor, x: Tensor, scale: float, softmax: bool
     ) -> Tensor:  # type: ignore[override]
-        call("pairwise_forward", ut, x, base, *ut.shape, float(scale), 1)  # -inf above the diagonal
+        call("pairwise_forward", ut, x, base, *ut.shape, float(scale), 1, 0, 0, 0.0)  # -inf above
         ctx.scale, ctx.softmax = scale, softmax
         if softmax:
             out = torch.softmax(base, -1)
@@ -68,8 +70,49 @@ class CausalPairwiseTerms(torch.autograd.Function):
             d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
         d_base = d_base.contiguous()
         d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
-        call("pairwise_backward", ut, x, d_base, d_ut, d_x, *ut.shape, float(ctx.scale), 1)
+        call("pairwise_backward", ut, x, d_base, d_ut, d_x, *ut.shape, float(ctx.scale), 1, 0.0)
         return d_base, d_ut, d_x, None, None
+
+
+class CausalScores(torch.autograd.Function):
+    """The causal geodesic scores of eq. (16) with their base formed in the same kernel:
+    ``c1 q_i . k_j + row_i + col_j + scale (|U_i^T (q_i - k_j)|^2 + |U_j^T (q_i - k_j)|^2)`` for
+    ``j <= i`` and ``-inf`` above the diagonal, ``(N, L, L)``, or its row-wise softmax
+    (``softmax=True``): ``ut (N, L, r, 16)``, ``x (N, 2L, 16)`` (queries, then keys), ``row``,
+    ``col (N, L)``. Head dimension 16 only (the kernels' vector path). Native level 2: the
+    batched product of the base and its backward are gone (the base's share of ``dq`` and ``dk``
+    is summed with the pair terms'; ``d row`` and ``d col`` are the row and column sums of the
+    scores' gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, ut: Tensor, x: Tensor, row: Tensor, col: Tensor, c1: float,
+                scale: float, softmax: bool) -> Tensor:  # type: ignore[override]  # fmt: skip
+        n, seq, r, d = ut.shape
+        if d != 16:
+            raise ValueError(f"CausalScores takes head dimension 16, got {d}")
+        out = ut.new_empty(n, seq, seq)
+        call("pairwise_forward", ut, x, out, n, seq, r, d, float(scale), 1, row, col, float(c1))
+        ctx.scale, ctx.c1, ctx.softmax = scale, c1, softmax
+        if softmax:
+            out = torch.softmax(out, -1)
+            ctx.save_for_backward(ut, x, out)
+            return out
+        ctx.save_for_backward(ut, x)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        ut, x, *probs = ctx.saved_tensors
+        seq = ut.shape[1]
+        if ctx.softmax:
+            d_s = torch._softmax_backward_data(grad, probs[0], -1, probs[0].dtype)
+        else:
+            d_s = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
+        d_s = d_s.contiguous()
+        d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
+        call("pairwise_backward", ut, x, d_s, d_ut, d_x, *ut.shape, float(ctx.scale), 1,
+             float(ctx.c1))  # fmt: skip
+        return d_ut, d_x, d_s.sum(-1), d_s.sum(-2), None, None, None
 
 
 class PairwiseTerms(torch.autograd.Function):
@@ -80,7 +123,7 @@ class PairwiseTerms(torch.autograd.Function):
     def forward(ctx: Any, ut: Tensor, x: Tensor, scale: float) -> Tensor:  # type: ignore[override]
         n, seq = ut.shape[:2]
         out = ut.new_zeros(n, seq, seq)
-        call("pairwise_forward", ut, x, out, *ut.shape, float(scale), 0)
+        call("pairwise_forward", ut, x, out, *ut.shape, float(scale), 0, 0, 0, 0.0)
         ctx.scale = scale
         ctx.save_for_backward(ut, x)
         return out
@@ -90,7 +133,7 @@ class PairwiseTerms(torch.autograd.Function):
         ut, x = ctx.saved_tensors
         d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
         call("pairwise_backward", ut, x, grad.contiguous(), d_ut, d_x, *ut.shape,
-             float(ctx.scale), 0)  # fmt: skip
+             float(ctx.scale), 0, 0.0)  # fmt: skip
         return d_ut, d_x, None
 
 

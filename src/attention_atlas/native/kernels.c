@@ -90,17 +90,19 @@ static inline __attribute__((always_inline)) void block_terms_##SUF(            
 static inline __attribute__((always_inline)) void block_terms16_##SUF(                         \
         const T* RESTRICT ui, const T* RESTRICT qi, const T* RESTRICT ai, const T* RESTRICT kT, \
         const T* RESTRICT uT, const T* RESTRICT b, long Lp, long j0, long R,                   \
-        V16_##SUF e[RMAX], V16_##SUF f[RMAX]) {                                                \
+        V16_##SUF e[RMAX], V16_##SUF f[RMAX], V16_##SUF* dot) {  /* dot: q_i . k_j, or 0 */    \
     for (long s = 0; s < R; ++s) {                                                             \
         V16_##SUF bv;                                                                          \
         memcpy(&bv, b + s * Lp + j0, sizeof bv);                                               \
         f[s] = -bv;                                                                            \
         e[s] = ai[s] - (V16_##SUF){0};  /* a broadcast: x - 0 is x, -0 included */             \
     }                                                                                          \
+    if (dot) *dot = (V16_##SUF){0};                                                            \
     for (long c = 0; c < 16; ++c) {                                                            \
         V16_##SUF kc, uc;                                                                      \
         memcpy(&kc, kT + c * Lp + j0, sizeof kc);                                              \
         const T qc = qi[c];                                                                    \
+        if (dot) *dot += qc * kc;                                                              \
         for (long s = 0; s < R; ++s) {                                                         \
             const T w = ui[s * 16 + c];                                                        \
             memcpy(&uc, uT + (s * 16 + c) * Lp + j0, sizeof uc);                               \
@@ -112,17 +114,25 @@ static inline __attribute__((always_inline)) void block_terms16_##SUF(          
 static inline __attribute__((always_inline)) void forward_item_##SUF(                         \
         const T* RESTRICT u, const T* RESTRICT q, const T* RESTRICT kT, const T* RESTRICT uT,  \
         const T* RESTRICT a, const T* RESTRICT b, T* RESTRICT out, long L, long Lp, long R,   \
-        long d, T scale, int causal) {                                                         \
+        long d, T scale, int causal, const T* RESTRICT row, const T* RESTRICT col, T c1) {    \
     T e[RMAX][JB], f[RMAX][JB];                                                                \
     for (long i = 0; i < L; ++i) {                                                             \
         const long m = causal ? i + 1 : L;                                                     \
         T* o = out + i * L;                                                                    \
         for (long j0 = 0; j0 < m; j0 += JB) {                                                  \
             if (d == 16 && JB == 16) {  /* the same sums, held in vector registers */          \
-                V16_##SUF ev[RMAX], fv[RMAX], rv = {0}, ov;                                    \
+                V16_##SUF ev[RMAX], fv[RMAX], rv = {0}, ov, dv;                                \
                 block_terms16_##SUF(u + i * R * 16, q + i * 16, a + i * R, kT, uT, b, Lp, j0, R, \
-                                    ev, fv);                                                   \
+                                    ev, fv, row ? &dv : 0);                                    \
                 for (long s = 0; s < R; ++s) rv += ev[s] * ev[s] + fv[s] * fv[s];              \
+                if (row) {  /* level 2: the base c1 q_i . k_j + row_i + col_j formed here */   \
+                    V16_##SUF cv;                                                              \
+                    for (long jj = 0; jj < 16; ++jj) cv[jj] = j0 + jj < L ? col[j0 + jj] : 0;  \
+                    ov = c1 * dv + row[i] + cv + scale * rv;                                   \
+                    const long jn = m - j0 < JB ? m - j0 : JB;                                 \
+                    for (long jj = 0; jj < jn; ++jj) o[j0 + jj] = ov[jj];                      \
+                    continue;                                                                  \
+                }                                                                              \
                 const long jn = m - j0 < JB ? m - j0 : JB;                                     \
                 if (jn == 16) {                                                                \
                     memcpy(&ov, o + j0, sizeof ov);                                            \
@@ -148,7 +158,8 @@ static inline __attribute__((always_inline)) void forward_item_##SUF(           
 }                                                                                              \
                                                                                                \
 void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT out,        \
-                            long N, long L, long r, long d, double scale_, int causal) {       \
+                            long N, long L, long r, long d, double scale_, int causal,         \
+                            const T* RESTRICT row, const T* RESTRICT col, double c1_) {        \
     const T scale = (T)scale_;                                                                 \
     const long Lp = (L + JB - 1) / JB * JB;                                                    \
     T* buf = (T*)malloc(sizeof(T) * (d * Lp + r * d * Lp + L * r + r * Lp));                   \
@@ -158,12 +169,13 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
         const T* q = x + n * 2 * L * d;                                                        \
         prepare_##SUF(u, q, q + L * d, L, Lp, r, d, kT, uT, a, b);                             \
         T* o = out + n * L * L;                                                                \
+        const T *rw = row ? row + n * L : 0, *cl = col ? col + n * L : 0, c1 = (T)c1_;        \
         switch (r) {                                                                           \
-            case 1: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 1, d, scale, causal); break; \
-            case 2: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 2, d, scale, causal); break; \
-            case 4: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 4, d, scale, causal); break; \
-            case 8: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 8, d, scale, causal); break; \
-            default: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, r, d, scale, causal);    \
+            case 1: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 1, d, scale, causal, rw, cl, c1); break; \
+            case 2: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 2, d, scale, causal, rw, cl, c1); break; \
+            case 4: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 4, d, scale, causal, rw, cl, c1); break; \
+            case 8: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 8, d, scale, causal, rw, cl, c1); break; \
+            default: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, r, d, scale, causal, rw, cl, c1);    \
         }                                                                                      \
     }                                                                                          \
     free(buf);                                                                                 \
@@ -174,9 +186,11 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
    side: wa = W, sa = -1 with its key, wb = W2, sb = 1; the key side the mirror) */            \
 static inline __attribute__((always_inline)) void pair_sums16_##SUF(                           \
         V16_##SUF au[RMAX], V16_##SUF* ax, const T* RESTRICT xrow, const T* RESTRICT urow,     \
-        const T* RESTRICT wa, T sa, const T* RESTRICT wb, T sb, long R) {                      \
+        const T* RESTRICT wa, T sa, const T* RESTRICT wb, T sb, long R, V16_##SUF* a3,       \
+        const T* RESTRICT w3) {                                                                \
     V16_##SUF xv, us;                                                                          \
     memcpy(&xv, xrow, sizeof xv);                                                              \
+    if (a3) *a3 += w3[0] * xv;  /* level 2: c1 g_ij times the other token's key or query */   \
     for (long s = 0; s < R; ++s) {                                                             \
         memcpy(&us, urow + s * 16, sizeof us);                                                 \
         au[s] += (sa * wa[s * TB * TB]) * xv;                                                  \
@@ -194,7 +208,8 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
         const T* RESTRICT uT, const T* RESTRICT a, const T* RESTRICT b,                        \
         const T* RESTRICT grad, T* RESTRICT ru, T* RESTRICT rq, T* RESTRICT ck,               \
         T* RESTRICT cu, T* RESTRICT W, T* RESTRICT W2, T* RESTRICT da, T* RESTRICT db,       \
-        long L, long Lp, long R, long d, T two_scale, int causal) {                            \
+        long L, long Lp, long R, long d, T two_scale, int causal, T c1, T* RESTRICT W3,        \
+        T* RESTRICT rq3, T* RESTRICT ck3) {                                                    \
     T e[RMAX][JB], f[RMAX][JB];                                                                \
     for (long i0 = 0; i0 < L; i0 += TB) {                                                      \
         const long i1 = i0 + TB < L ? i0 + TB : L;                                             \
@@ -207,12 +222,20 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                     if (d == 16 && JB == 16 && jb + JB <= j1) {  /* as below, in registers */  \
                         V16_##SUF ev[RMAX], fv[RMAX], gv, wv, w2v, dbv;                        \
                         block_terms16_##SUF(u + i * R * 16, q + i * 16, a + i * R, kT, uT, b, Lp, \
-                                            jb, R, ev, fv);                                    \
+                                            jb, R, ev, fv, 0);                                    \
                         memcpy(&gv, gi + jb, sizeof gv);                                       \
                         gv = two_scale * gv;                                                   \
                         if (causal && jb + 15 > i)  /* 0 for the keys j > i, as below */       \
                             for (long jj = i + 1 > jb ? i + 1 - jb : 0; jj < 16; ++jj) gv[jj] = 0;\
                         const long p = (i - i0) * TB + jb - j0;                                \
+                        if (W3) {  /* level 2: the base's weights c1 g_ij, 0 where j > i */    \
+                            V16_##SUF g3;                                                      \
+                            memcpy(&g3, gi + jb, sizeof g3);                                   \
+                            g3 = c1 * g3;                                                      \
+                            if (causal && jb + 15 > i)                                         \
+                                for (long jj = i + 1 > jb ? i + 1 - jb : 0; jj < 16; ++jj) g3[jj] = 0; \
+                            memcpy(W3 + p, &g3, sizeof g3);                                    \
+                        }                                                                      \
                         for (long s = 0; s < R; ++s) {                                         \
                             wv = gv * ev[s];                                                   \
                             w2v = gv * fv[s];                                                  \
@@ -233,6 +256,7 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                         const long j = jb + jj;                                                \
                         const T g = (causal && j > i) ? 0 : two_scale * gi[j];                 \
                         const long p = (i - i0) * TB + j - j0;  /* W and W2 are (R, TB, TB) */ \
+                        if (W3) W3[p] = (causal && j > i) ? 0 : c1 * gi[j];                    \
                         for (long s = 0; s < R; ++s) {                                         \
                             const T w = g * e[s][jj], w2 = g * f[s][jj];                       \
                             W[s * TB * TB + p] = w;                                            \
@@ -245,29 +269,35 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
             }                                                                                  \
             if (d == 16) {  /* the same sums, their accumulators held in vector registers */   \
                 for (long i = i0; i < i1; ++i) {                                               \
-                    V16_##SUF au[RMAX], aq;                                                    \
+                    V16_##SUF au[RMAX], aq, a3 = {0};                                          \
                     for (long s = 0; s < R; ++s) memcpy(&au[s], ru + (i * R + s) * 16, sizeof aq); \
                     memcpy(&aq, rq + i * 16, sizeof aq);                                       \
+                    if (W3) memcpy(&a3, rq3 + i * 16, sizeof a3);                              \
                     const long jm = causal && i + 1 < j1 ? i + 1 : j1;                         \
                     for (long j = j0; j < jm; ++j) {                                           \
                         pair_sums16_##SUF(au, &aq, k + j * 16, u + j * R * 16,                 \
                                           W + (i - i0) * TB + j - j0, (T)-1,                   \
-                                          W2 + (i - i0) * TB + j - j0, (T)1, R);               \
+                                          W2 + (i - i0) * TB + j - j0, (T)1, R, W3 ? &a3 : 0,  \
+                                          W3 + (i - i0) * TB + j - j0);                        \
                     }                                                                          \
                     for (long s = 0; s < R; ++s) memcpy(ru + (i * R + s) * 16, &au[s], sizeof aq); \
                     memcpy(rq + i * 16, &aq, sizeof aq);                                       \
+                    if (W3) memcpy(rq3 + i * 16, &a3, sizeof a3);                              \
                 }                                                                              \
                 for (long j = j0; j < j1; ++j) {                                               \
-                    V16_##SUF au[RMAX], ak;                                                    \
+                    V16_##SUF au[RMAX], ak, a3 = {0};                                          \
                     for (long s = 0; s < R; ++s) memcpy(&au[s], cu + (j * R + s) * 16, sizeof ak); \
                     memcpy(&ak, ck + j * 16, sizeof ak);                                       \
+                    if (W3) memcpy(&a3, ck3 + j * 16, sizeof a3);                              \
                     for (long i = causal && j > i0 ? j : i0; i < i1; ++i) {                    \
                         pair_sums16_##SUF(au, &ak, q + i * 16, u + i * R * 16,                 \
                                           W2 + (i - i0) * TB + j - j0, (T)1,                   \
-                                          W + (i - i0) * TB + j - j0, (T)-1, R);               \
+                                          W + (i - i0) * TB + j - j0, (T)-1, R, W3 ? &a3 : 0,  \
+                                          W3 + (i - i0) * TB + j - j0);                        \
                     }                                                                          \
                     for (long s = 0; s < R; ++s) memcpy(cu + (j * R + s) * 16, &au[s], sizeof ak); \
                     memcpy(ck + j * 16, &ak, sizeof ak);                                       \
+                    if (W3) memcpy(ck3 + j * 16, &a3, sizeof a3);                              \
                 }                                                                              \
                 continue;                                                                      \
             }                                                                                  \
@@ -324,8 +354,9 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                                                                                                \
 void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,                        \
                              const T* RESTRICT grad, T* RESTRICT d_ut, T* RESTRICT d_x,        \
-                             long N, long L, long r, long d, double scale_, int causal) {      \
-    const T two_scale = (T)(2.0 * scale_);                                                     \
+                             long N, long L, long r, long d, double scale_, int causal,       \
+                             double c1_) {                                                     \
+    const T two_scale = (T)(2.0 * scale_), c1 = (T)c1_;                                        \
     const long Lp = (L + JB - 1) / JB * JB;                                                    \
     const long nacc = L * r * d + L * d;  /* ru and rq; then ck and cu */                      \
     T* buf = (T*)malloc(sizeof(T) * (d * Lp + r * d * Lp + r * Lp + L * r                     \
@@ -334,6 +365,9 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
     T *W = a + L * r, *W2 = W + TB * TB * r, *da = W2 + TB * TB * r;                           \
     T *ru = da + L * r, *rq = ru + L * r * d, *ck = rq + L * d, *cu = ck + L * d;              \
     T* b = (T*)malloc(sizeof(T) * r * Lp);                                                     \
+    /* level 2 (c1 != 0, d = 16): the base's weights and its shares of dq and dk */           \
+    T* W3 = c1_ != 0.0 ? (T*)malloc(sizeof(T) * (TB * TB + 2 * L * d)) : 0;                    \
+    T *rq3 = W3 ? W3 + TB * TB : 0, *ck3 = W3 ? rq3 + L * d : 0;                               \
     for (long n = 0; n < N; ++n) {                                                             \
         const T* u = ut + n * L * r * d;                                                       \
         const T* q = x + n * 2 * L * d;                                                        \
@@ -344,16 +378,21 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
         prepare_##SUF(u, q, k, L, Lp, r, d, kT, uT, a, b);                                     \
         memset(db, 0, sizeof(T) * r * Lp);                                                     \
         memset(da, 0, sizeof(T) * (L * r + 2 * nacc));                                         \
+        if (W3) memset(rq3, 0, sizeof(T) * 2 * L * d);                                         \
         const T* gr = grad + n * L * L;                                                        \
         switch (r * 1000 + d) {                                                                \
             case 2016: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,  \
-                                           da, db, L, Lp, 2, 16, two_scale, causal); break;    \
+                                           da, db, L, Lp, 2, 16, two_scale, causal, c1, W3,   \
+                                           rq3, ck3); break;                                   \
             case 4016: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,  \
-                                           da, db, L, Lp, 4, 16, two_scale, causal); break;    \
+                                           da, db, L, Lp, 4, 16, two_scale, causal, c1, W3,   \
+                                           rq3, ck3); break;                                   \
             case 8016: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,  \
-                                           da, db, L, Lp, 8, 16, two_scale, causal); break;    \
+                                           da, db, L, Lp, 8, 16, two_scale, causal, c1, W3,   \
+                                           rq3, ck3); break;                                   \
             default: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,    \
-                                         da, db, L, Lp, r, d, two_scale, causal);              \
+                                         da, db, L, Lp, r, d, two_scale, causal, c1, W3, rq3,  \
+                                         ck3);                                                 \
         }                                                                                      \
         /* the centres: a_is = u_is . q_i and b_js = u_js . k_j */                             \
         if (d == 16) {  /* the loop below, its 16 columns as one vector value */               \
@@ -373,6 +412,11 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
                     memcpy(du + o, &dv, sizeof dv);                                            \
                     sq += das * wv;                                                            \
                     sk += dbs * wv;                                                            \
+                }                                                                              \
+                if (W3) {  /* level 2: the base's shares */                                    \
+                    V16_##SUF e3;                                                              \
+                    memcpy(&e3, rq3 + t * 16, sizeof e3); sq += e3;                            \
+                    memcpy(&e3, ck3 + t * 16, sizeof e3); sk += e3;                            \
                 }                                                                              \
                 memcpy(dq + t * 16, &sq, sizeof sq);                                           \
                 memcpy(dk + t * 16, &sk, sizeof sk);                                           \
@@ -395,6 +439,7 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
             }                                                                                  \
     }                                                                                          \
     free(b);                                                                                   \
+    free(W3);                                                                                  \
     free(buf);                                                                                 \
 }
 

@@ -35,6 +35,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ... import native
 from ...linalg import sym_pack_indices
 from .pairwise import PAIRWISE_CHUNK, pairwise_metric_terms
 
@@ -254,6 +255,13 @@ def hybrid_scores(
     return geodesic_scores(q, k, U, tau, curvature=curvature, alpha=alpha, baseline=baseline)
 
 
+def _fused_base(q: Tensor, k: Tensor, U: Tensor) -> bool:
+    """Whether the causal scores take :class:`~attention_atlas.native.functions.CausalScores`:
+    native level 2, head dimension 16 (the kernels' vector path) and a rank they take."""
+    return (q.shape[-1] == 16 and U.shape[-1] <= native.MAX_RANK
+            and native.active(q, k, U, since=2))  # fmt: skip
+
+
 def geodesic_scores_decomposed(
     q: Tensor,
     k: Tensor,
@@ -286,6 +294,16 @@ def geodesic_scores_decomposed(
     col = -c_euc * (k * k).sum(-1)
     if curvature is not None:  # eq. (23): Omega_i + Omega_j added to the distance
         row, col = row - c_met * curvature, col - c_met * curvature
+    if causal and _fused_base(q, k, U):  # native level 2: the base formed by the kernel
+        from ...native.functions import CausalScores
+
+        seq, d, r = U.shape[-3:]
+        ut = U.transpose(-1, -2).reshape(-1, seq, r, d).contiguous()
+        x = torch.cat([q, k], -2).reshape(-1, 2 * seq, d)
+        out = CausalScores.apply(ut, x, row.reshape(-1, seq).contiguous(),
+                                 col.reshape(-1, seq).contiguous(), c_dot + 2 * c_euc,
+                                 -0.5 * c_met, softmax)  # fmt: skip
+        return out.view(*q.shape[:-1], seq)
     if causal:  # q.k, row and column terms as one product [c q, row, 1] . [k, 1, col]
         ones = torch.ones_like(row).unsqueeze(-1)
         qa = torch.cat([(c_dot + 2 * c_euc) * q, row.unsqueeze(-1), ones], -1)
