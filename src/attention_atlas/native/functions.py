@@ -41,6 +41,18 @@ def _above_diagonal(seq: int, device: torch.device) -> Tensor:
     return torch.ones(seq, seq, dtype=torch.bool, device=device).triu_(1)
 
 
+def _scores_grad(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(ut, x, d_scores)`` in the backward of the causal scores saved as ``(ut, x[, probs])``:
+    the gradient of the scores through the softmax (``ctx.softmax``), else with the entries
+    above the diagonal (``-inf`` in the forward) zeroed; contiguous."""
+    ut, x, *probs = ctx.saved_tensors
+    if ctx.softmax:
+        d_s = torch._softmax_backward_data(grad, probs[0], -1, probs[0].dtype)
+    else:
+        d_s = torch.where(_above_diagonal(ut.shape[1], grad.device), 0.0, grad)
+    return ut, x, d_s.contiguous()
+
+
 class CausalPairwiseTerms(torch.autograd.Function):
     """``base + scale (|U_i^T (q_i - k_j)|^2 + |U_j^T (q_i - k_j)|^2)`` for ``j <= i`` and
     ``-inf`` above the diagonal, in place in ``base (N, L, L)``, or its row-wise softmax
@@ -62,13 +74,7 @@ class CausalPairwiseTerms(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
-        ut, x, *probs = ctx.saved_tensors
-        seq = ut.shape[1]
-        if ctx.softmax:
-            d_base = torch._softmax_backward_data(grad, probs[0], -1, probs[0].dtype)
-        else:
-            d_base = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
-        d_base = d_base.contiguous()
+        ut, x, d_base = _scores_grad(ctx, grad)
         d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
         call("pairwise_backward", ut, x, d_base, d_ut, d_x, *ut.shape, float(ctx.scale), 1, 0.0)
         return d_base, d_ut, d_x, None, None
@@ -102,13 +108,7 @@ class CausalScores(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        ut, x, *probs = ctx.saved_tensors
-        seq = ut.shape[1]
-        if ctx.softmax:
-            d_s = torch._softmax_backward_data(grad, probs[0], -1, probs[0].dtype)
-        else:
-            d_s = torch.where(_above_diagonal(seq, grad.device), 0.0, grad)
-        d_s = d_s.contiguous()
+        ut, x, d_s = _scores_grad(ctx, grad)
         d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
         call("pairwise_backward", ut, x, d_s, d_ut, d_x, *ut.shape, float(ctx.scale), 1,
              float(ctx.c1))  # fmt: skip

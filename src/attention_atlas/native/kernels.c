@@ -197,6 +197,26 @@ static inline __attribute__((always_inline)) void pair_sums16_##SUF(            
         *ax += (sb * wb[s * TB * TB]) * us;                                                    \
     }                                                                                          \
 }                                                                                              \
+/* one token's sums over the other tokens o0 <= o < o1 of a tile (d = 16), accumulated into its \
+   rows au (R, 16), ax (16) and, at level 2, a3 (16); the pair with other token o has weights  \
+   wa[(o - o0) ws], wb and w3 likewise (as pair_sums16) */                                     \
+static inline __attribute__((always_inline)) void token_sums16_##SUF(                          \
+        T* RESTRICT au_row, T* RESTRICT ax_row, T* RESTRICT a3_row, const T* RESTRICT xs,      \
+        const T* RESTRICT us, long o0, long o1, const T* RESTRICT wa, T sa,                    \
+        const T* RESTRICT wb, T sb, const T* RESTRICT w3, long ws, long R) {                   \
+    V16_##SUF au[RMAX], ax, a3 = {0};                                                          \
+    for (long s = 0; s < R; ++s) memcpy(&au[s], au_row + s * 16, sizeof ax);                   \
+    memcpy(&ax, ax_row, sizeof ax);                                                            \
+    if (a3_row) memcpy(&a3, a3_row, sizeof a3);                                                \
+    for (long o = o0; o < o1; ++o) {                                                           \
+        const long w = (o - o0) * ws;                                                          \
+        pair_sums16_##SUF(au, &ax, xs + o * 16, us + o * R * 16, wa + w, sa, wb + w, sb, R,    \
+                          a3_row ? &a3 : 0, a3_row ? w3 + w : 0);                              \
+    }                                                                                          \
+    for (long s = 0; s < R; ++s) memcpy(au_row + s * 16, &au[s], sizeof ax);                   \
+    memcpy(ax_row, &ax, sizeof ax);                                                            \
+    if (a3_row) memcpy(a3_row, &a3, sizeof a3);                                                \
+}                                                                                              \
 /* one item's backward, tile by tile (TB x TB pairs): per tile, 1. the weights               \
    W[ii][jj][s] = g_ij e_ijs (the query's metric) and W2 = g_ij f_ijs (the key's), 0 where     \
    j > i (causal), with the centres' sums da (L, r) and db (r, Lp); 2. per query i, sums over  \
@@ -268,36 +288,15 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                 }                                                                              \
             }                                                                                  \
             if (d == 16) {  /* the same sums, their accumulators held in vector registers */   \
-                for (long i = i0; i < i1; ++i) {                                               \
-                    V16_##SUF au[RMAX], aq, a3 = {0};                                          \
-                    for (long s = 0; s < R; ++s) memcpy(&au[s], ru + (i * R + s) * 16, sizeof aq); \
-                    memcpy(&aq, rq + i * 16, sizeof aq);                                       \
-                    if (W3) memcpy(&a3, rq3 + i * 16, sizeof a3);                              \
-                    const long jm = causal && i + 1 < j1 ? i + 1 : j1;                         \
-                    for (long j = j0; j < jm; ++j) {                                           \
-                        pair_sums16_##SUF(au, &aq, k + j * 16, u + j * R * 16,                 \
-                                          W + (i - i0) * TB + j - j0, (T)-1,                   \
-                                          W2 + (i - i0) * TB + j - j0, (T)1, R, W3 ? &a3 : 0,  \
-                                          W3 + (i - i0) * TB + j - j0);                        \
-                    }                                                                          \
-                    for (long s = 0; s < R; ++s) memcpy(ru + (i * R + s) * 16, &au[s], sizeof aq); \
-                    memcpy(rq + i * 16, &aq, sizeof aq);                                       \
-                    if (W3) memcpy(rq3 + i * 16, &a3, sizeof a3);                              \
+                for (long i = i0; i < i1; ++i) {  /* the queries' sums over the tile's keys */ \
+                    const long jm = causal && i + 1 < j1 ? i + 1 : j1, w0 = (i - i0) * TB;     \
+                    token_sums16_##SUF(ru + i * R * 16, rq + i * 16, W3 ? rq3 + i * 16 : 0, k, u, \
+                                       j0, jm, W + w0, -1, W2 + w0, 1, W3 ? W3 + w0 : 0, 1, R); \
                 }                                                                              \
-                for (long j = j0; j < j1; ++j) {                                               \
-                    V16_##SUF au[RMAX], ak, a3 = {0};                                          \
-                    for (long s = 0; s < R; ++s) memcpy(&au[s], cu + (j * R + s) * 16, sizeof ak); \
-                    memcpy(&ak, ck + j * 16, sizeof ak);                                       \
-                    if (W3) memcpy(&a3, ck3 + j * 16, sizeof a3);                              \
-                    for (long i = causal && j > i0 ? j : i0; i < i1; ++i) {                    \
-                        pair_sums16_##SUF(au, &ak, q + i * 16, u + i * R * 16,                 \
-                                          W2 + (i - i0) * TB + j - j0, (T)1,                   \
-                                          W + (i - i0) * TB + j - j0, (T)-1, R, W3 ? &a3 : 0,  \
-                                          W3 + (i - i0) * TB + j - j0);                        \
-                    }                                                                          \
-                    for (long s = 0; s < R; ++s) memcpy(cu + (j * R + s) * 16, &au[s], sizeof ak); \
-                    memcpy(ck + j * 16, &ak, sizeof ak);                                       \
-                    if (W3) memcpy(ck3 + j * 16, &a3, sizeof a3);                              \
+                for (long j = j0; j < j1; ++j) {  /* the keys' sums over the tile's queries */ \
+                    const long lo = causal && j > i0 ? j : i0, w0 = (lo - i0) * TB + j - j0;   \
+                    token_sums16_##SUF(cu + j * R * 16, ck + j * 16, W3 ? ck3 + j * 16 : 0, q, u, \
+                                       lo, i1, W2 + w0, 1, W + w0, -1, W3 ? W3 + w0 : 0, TB, R); \
                 }                                                                              \
                 continue;                                                                      \
             }                                                                                  \
@@ -925,6 +924,7 @@ static inline __attribute__((always_inline)) void fbt_terms_body_##SUF(         
         }                                                                                      \
         if (!dut) continue;                                                                    \
         const T fm = (T)(4 * sc * dT);                                                         \
+        T* RESTRICT dn = dut + n * L * r * d;                                                  \
         for (long t0 = 0; t0 < L; t0 += TK) {                                                  \
             const long nb = L - t0 < TK ? L - t0 : TK;                                         \
             const T* U = S + t0 + 1;                                                           \
@@ -970,7 +970,7 @@ static inline __attribute__((always_inline)) void fbt_terms_body_##SUF(         
                         }                                                                      \
                 }                                                                              \
             }                                                                                  \
-            unstage_##SUF(D, t0, nb, r * d, dut + n * L * r * d);                              \
+            unstage_##SUF(D, t0, nb, r * d, dn);  /* this item's rows of dut */                \
         }                                                                                      \
     }                                                                                          \
     out[0] = anti / NL; out[1] = grams ? div / N : 0; out[2] = grams ? smooth / NL1 : 0;       \
