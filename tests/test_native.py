@@ -437,8 +437,10 @@ def test_fiber_bundle_terms_pass_gradcheck(w: dict[str, float]) -> None:
 
 def test_fiber_bundle_terms_refuse_layers_that_differ() -> None:
     a, b = torch.zeros(2, 4, 2, 5, dtype=DT), torch.zeros(2, 5, 2, 5, dtype=DT)
-    with pytest.raises(ValueError, match="contiguous"):
+    with pytest.raises(ValueError, match="contiguous CPU"):
         NF.FiberBundleTerms.apply(([1.0] * 5, 0.0, 1.0), a, b)
+    with pytest.raises(ValueError, match="ranks up to 16, got r=17"):
+        NF.FiberBundleTerms.apply(([1.0] * 5, 0.0, 1.0), torch.zeros(2, 4, 17, 5, dtype=DT))
     with pytest.raises(ValueError, match="5 weights"):
         NF.FiberBundleTerms.apply(([1.0] * 4, 0.0, 1.0), a)
 
@@ -536,6 +538,6 @@ def test_causal_scores_pass_gradcheck_and_take_head_dimension_16_only() -> None:
         return NF.CausalScores.apply(ut, x, row, col, 0.8, -0.3, True)
 
     assert torch.autograd.gradcheck(fn, args)
-    with pytest.raises(ValueError, match="head dimension 16, got 5"):
+    with pytest.raises(ValueError, match="head dimension 16 and ranks up to 16, got d=5, r=2"):
         NF.CausalScores.apply(torch.zeros(2, 5, 2, 5, dtype=DT), torch.zeros(2, 10, 5, dtype=DT),
                               args[2], args[3], 0.8, -0.3, True)  # fmt: skip

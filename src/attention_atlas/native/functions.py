@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import call, kernel
+from . import MAX_RANK, call, kernel
 
 __all__ = [
     "CausalPairwiseTerms",
@@ -94,8 +94,9 @@ class CausalScores(torch.autograd.Function):
     def forward(ctx: Any, ut: Tensor, x: Tensor, row: Tensor, col: Tensor, c1: float,
                 scale: float, softmax: bool) -> Tensor:  # type: ignore[override]  # fmt: skip
         n, seq, r, d = ut.shape
-        if d != 16:
-            raise ValueError(f"CausalScores takes head dimension 16, got {d}")
+        if d != 16 or r > MAX_RANK:
+            raise ValueError(f"CausalScores takes head dimension 16 and ranks up to {MAX_RANK}, "
+                             f"got d={d}, r={r}")  # fmt: skip
         out = ut.new_empty(n, seq, seq)
         call("pairwise_forward", ut, x, out, n, seq, r, d, float(scale), 1, row, col, float(c1))
         ctx.scale, ctx.c1, ctx.softmax = scale, c1, softmax
@@ -293,9 +294,12 @@ class FiberBundleTerms(torch.autograd.Function):
         first = uts[0]
         n, seq, r, d = first.shape
         for ut in uts:
-            if ut.shape != first.shape or ut.dtype != first.dtype or not ut.is_contiguous():
-                raise ValueError("the layers' ut must be contiguous (N, L, r, d) of one dtype, got "
-                                 f"{[(tuple(u.shape), u.dtype, u.is_contiguous()) for u in uts]}")  # fmt: skip
+            if (ut.shape != first.shape or ut.dtype != first.dtype or not ut.is_contiguous()
+                    or ut.device.type != "cpu"):  # fmt: skip
+                raise ValueError("the layers' ut must be contiguous CPU (N, L, r, d) of one dtype, "
+                                 f"got {[(tuple(u.shape), u.dtype, u.device.type, u.is_contiguous()) for u in uts]}")  # fmt: skip
+        if r > MAX_RANK:
+            raise ValueError(f"the native kernels take ranks up to {MAX_RANK}, got r={r}")
         weights = torch.tensor([float(x) for x in w], dtype=torch.float64)
         grams = int(w[1] != 0 or w[2] != 0)
         grad = any(ctx.needs_input_grad[1:])
