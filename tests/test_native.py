@@ -458,9 +458,9 @@ def test_levels_choose_the_kernels(monkeypatch) -> None:  # type: ignore[no-unty
     model = _fbt()
     opts = {"anti": 1.0, "div": 2.0, "smooth": 0.5, "cap": 3.0, "kappa_min": 0.5, "kappa_max": 2.0}
     values = []
-    for on in (1, True):
+    for on, want in ((1, 1), (True, native.LEVEL)):
         with native.enabled(on):
-            assert native.level() == (1 if on == 1 and on is not True else native.LEVEL)
+            assert native.level() == want
             values.append(fiber_bundle_regularizer(model, model(x), None, **opts))
     assert calls == ["fbt"]  # level 2 only
     torch.testing.assert_close(values[1], values[0], rtol=1e-12, atol=0)
@@ -541,3 +541,16 @@ def test_causal_scores_pass_gradcheck_and_take_head_dimension_16_only() -> None:
     with pytest.raises(ValueError, match="head dimension 16 and ranks up to 16, got d=5, r=2"):
         NF.CausalScores.apply(torch.zeros(2, 5, 2, 5, dtype=DT), torch.zeros(2, 10, 5, dtype=DT),
                               args[2], args[3], 0.8, -0.3, True)  # fmt: skip
+
+
+def test_factor_rows_are_u_transposed_token_by_token_and_a_view_of_r_major_storage() -> None:
+    g = torch.Generator().manual_seed(17)
+    U = _factor(2, 3, 5, 4, 2, g)  # stored r-major
+    rows = G.factor_rows(U)
+    assert rows.shape == (30, 2, 4) and rows.data_ptr() == U.data_ptr() and rows.is_contiguous()
+    torch.testing.assert_close(rows[7], U.reshape(-1, 4, 2)[7].T, rtol=0, atol=0)
+    seqs = G.factor_rows(U, per_sequence=True)
+    assert seqs.shape == (6, 5, 2, 4)
+    torch.testing.assert_close(seqs[4, 3], U[1, 1, 3].T, rtol=0, atol=0)
+    dense = U.contiguous()  # d-major: a copy with the same entries
+    torch.testing.assert_close(G.factor_rows(dense), rows, rtol=0, atol=0)

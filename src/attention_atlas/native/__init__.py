@@ -14,8 +14,9 @@ They are **opt-in**: ``with native.enabled(True): ...`` (or ``TrainConfig(native
 ``sweep --native``, ``train -o native=true``). Their rounding differs from the PyTorch paths',
 so a run records whether it used them and at which :data:`LEVEL` (a kernel that changes a run's
 rounding comes at a new level; ``enabled(1)`` keeps the older set), and ``results verify``
-re-runs a record the way it was made. Where a kernel does not apply (a CUDA tensor, another dtype, a ``torch.compile`` trace) or
-no compiler is found, the PyTorch path runs; :func:`status` says which and why.
+re-runs a record the way it was made. Where a kernel does not apply (a CUDA tensor, another
+dtype, a ``torch.compile`` trace) or no compiler is found, the PyTorch path runs; :func:`status`
+says which and why.
 
 Each kernel is tested against the library's reference in float64 (values and gradients, and
 ``torch.autograd.gradcheck`` of the autograd functions built on them).

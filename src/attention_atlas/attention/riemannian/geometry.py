@@ -28,6 +28,7 @@ __all__ = [
     "cayley_transport_apply",
     "curvature_proxy",
     "factor_apply",
+    "factor_rows",
     "factor_t_apply",
     "isometry_defect",
     "metric_aware_projection",
@@ -51,6 +52,15 @@ def factor_t_apply(U: Tensor, x: Tensor) -> Tensor:
 def factor_apply(U: Tensor, c: Tensor) -> Tensor:
     """``U_t c_t`` per token: ``U (..., d, r)``, ``c (..., r)`` -> ``(..., d)``."""
     return (U * c.unsqueeze(-2)).sum(-1)
+
+
+def factor_rows(U: Tensor, *, per_sequence: bool = False) -> Tensor:
+    """``U_t^T`` token by token, the layout the native kernels read: ``(N, r, d)`` for ``U (...,
+    d, r)``, or ``(N, L, r, d)`` with ``per_sequence`` (``U (..., L, d, r)``). A view when ``U``
+    is stored r-major, as MetricNet stores it; else a copy."""
+    d, r = U.shape[-2:]
+    ut = U.transpose(-1, -2)
+    return ut.reshape(-1, U.shape[-3], r, d) if per_sequence else ut.reshape(-1, r, d)
 
 
 def metric_strength(U: Tensor) -> Tensor:
@@ -92,7 +102,7 @@ def metric_aware_projections(U: Tensor, gamma: Tensor | float, *xs: Tensor) -> t
                 f"x must have shape {tuple(U.shape[:-1])} to match U, got {tuple(x.shape)}"
             )
     scale = torch.as_tensor(gamma / math.sqrt(d), dtype=U.dtype, device=U.device)
-    ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
+    ut = factor_rows(U)
     if native.active(ut, *xs):  # the native kernel (opt-in), each x read where it lies
         from ...native.functions import MetricProjection
 
@@ -307,7 +317,7 @@ def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor
     if U.shape[:-2] != update.shape[:-1] or U.shape[-2] != update.shape[-1]:
         return h + metric_inverse_apply(U, update)  # broadcasting: the reference path
     d, r = U.shape[-2:]
-    ut = U.transpose(-1, -2).reshape(-1, r, d)  # no copy when U is stored r-major
+    ut = factor_rows(U)
     if native.active(ut, update) and r <= native.MAX_RANK:  # the native kernel (opt-in)
         from ...native.functions import WoodburyApply
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ... import native
-from .geometry import factor_t_apply
+from .geometry import factor_rows, factor_t_apply
 
 __all__ = ["CAUSAL_BLOCK", "PAIRWISE_CHUNK", "pairwise_metric_terms"]
 
@@ -336,7 +336,7 @@ def pairwise_metric_terms(
 
     check_metric_inputs(q, k, U, 1.0)
     *batch, seq, d, r = U.shape
-    ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
+    ut = factor_rows(U, per_sequence=True)
     if causal:
         x = torch.cat([q, k], -2).reshape(-1, 2 * seq, d)
         acc = ut.new_zeros(ut.shape[0], seq, seq) if base is None else base

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ... import native
 from ...linalg import lowrank_gram_distance_sq, sym_pack_gram
-from .geometry import metric_strength
+from .geometry import factor_rows, metric_strength
 
 if TYPE_CHECKING:
     from ...models import ModelOutput
@@ -161,7 +161,7 @@ def gram_sums(U: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     for ``U (..., L, d, r)``: the sums behind the diversity (eq. (32)) and smoothness (eq. (33))
     terms, with :class:`_GramSums`' written-out backward."""
     *batch, seq, d, r = U.shape
-    ut = U.transpose(-1, -2).reshape(-1, seq, r, d)  # no copy when U is stored r-major
+    ut = factor_rows(U, per_sequence=True)
     if native.active(ut) and r <= native.MAX_RANK:  # the native kernel (opt-in)
         from ...native.functions import GramSums
 
@@ -293,14 +293,13 @@ def fiber_bundle_regularizer(
     if not Us:
         return output.logits.new_zeros(())
     used = tuple(k for k in TERMS if w[k] != 0.0)  # a term of weight 0 is not computed
-    seq, d, r = Us[0].shape[-3:]
-    if used and native.active(*Us, since=2) and r <= native.MAX_RANK:
+    if used and native.active(*Us, since=2) and Us[0].shape[-1] <= native.MAX_RANK:
         from ...native.functions import FiberBundleTerms  # one kernel per layer (level 2)
 
         _check_positions(Us[0], "the metric regularisers")
-        uts = [U.transpose(-1, -2).reshape(-1, seq, r, d) for U in Us]  # views (r-major U)
+        uts = [factor_rows(U, per_sequence=True).contiguous() for U in Us]
         spec = ([w[k] for k in TERMS], kappa_min, kappa_max)
-        return FiberBundleTerms.apply(spec, *[ut.contiguous() for ut in uts])
+        return FiberBundleTerms.apply(spec, *uts)
     total = output.logits.new_zeros(())
     for U in Us:
         terms = regularizer_terms(U, kappa_min=kappa_min, kappa_max=kappa_max, terms=used)

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ... import native
 from ...linalg import sym_pack_indices
+from .geometry import factor_rows
 from .pairwise import PAIRWISE_CHUNK, pairwise_metric_terms
 
 __all__ = [
@@ -297,8 +298,8 @@ def geodesic_scores_decomposed(
     if causal and _fused_base(q, k, U):  # native level 2: the base formed by the kernel
         from ...native.functions import CausalScores
 
-        seq, d, r = U.shape[-3:]
-        ut = U.transpose(-1, -2).reshape(-1, seq, r, d).contiguous()
+        seq, d = U.shape[-3:-1]
+        ut = factor_rows(U, per_sequence=True).contiguous()
         x = torch.cat([q, k], -2).reshape(-1, 2 * seq, d)
         out = CausalScores.apply(ut, x, row.reshape(-1, seq).contiguous(),
                                  col.reshape(-1, seq).contiguous(), c_dot + 2 * c_euc,
