@@ -114,7 +114,8 @@ class CausalHeadsPenalty(torch.autograd.Function):
         fn = native.kernel("causal_heads_fused", first.dtype)
         fn(at, at + nl * ctypes.sizeof(ctypes.c_void_p), nl, items, nh, *strides[:2],
            *strides[:2], units.data_ptr(), units.data_ptr() + count * n * d * first.element_size(),
-           loss.data_ptr(), n, d, strides[2], strides[2], scale, beta, eps, int(grad))  # fmt: skip
+           loss.data_ptr(), n, d, strides[2], strides[2], scale, beta, eps, int(grad),
+           int(native.level() >= 3))  # fmt: skip
         ctx.units = units  # type: ignore[attr-defined]
         return loss[count]
 

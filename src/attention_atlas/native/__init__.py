@@ -73,8 +73,9 @@ _error: str | None = None
 #: and the metric strength ``kappa_t`` of the curvature in one pass
 #: (:class:`attention_atlas.native.functions.MetricStrength`), and forms the base of the causal
 #: scores inside the pairwise kernels (:class:`attention_atlas.native.functions.CausalScores`,
-#: head dimension 16).
-LEVEL = 2
+#: head dimension 16). Level 3 forms the cofactor regulariser's causal heads
+#: (:class:`attention_atlas.cofactor.native_heads.CausalHeadsPenalty`) with fused multiply-adds.
+LEVEL = 3
 
 
 def level() -> int:
@@ -179,7 +180,7 @@ _SIGNATURES = {
     "sumsq": "ppnn",
     "causal_head_forward": "pppppnnnnnfff",
     "causal_head_backward": "pppppppnnnnnnnfff",
-    "causal_heads_fused": "ppnnnnnnnpppnnnnfffi",
+    "causal_heads_fused": "ppnnnnnnnpppnnnnfffii",
 }
 _CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
 #: the largest metric or factor rank the kernels take (RMAX in kernels.c)

@@ -1096,12 +1096,28 @@ static inline float exp_nonpositive_f32(float x) {
     return under ? 0.0f : y * scale;
 }
 static inline double exp_nonpositive_f64(double x) { return exp(x); }
+/* the same with its polynomial in fused multiply-adds (level 3: rounds differently) */
+static inline float exp_nonpositive_fma_f32(float x) {
+    const int under = x < -87.0f;
+    x = under ? -87.0f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = fmaf(n, 2.12194440e-4f, fmaf(-n, 0.693359375f, x));
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f); p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f); p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float y = fmaf(p * r, r, r + 1.0f);
+    const int bits = ((int)n + 127) << 23;
+    float scale; memcpy(&scale, &bits, sizeof scale);
+    return under ? 0.0f : y * scale;
+}
+static inline double exp_nonpositive_fma_f64(double x) { return exp(x); }
 
 #define DEFINE_CAUSAL_HEAD_KERNELS(T, SUF)                                                     \
 static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF(              \
     T* const* RESTRICT qs, T* const* RESTRICT ks, long rq, long rk, T* RESTRICT A,           \
     double* RESTRICT s, long B, double* RESTRICT loss, long n, long d, double scale,          \
-    double beta, double eps, T* RESTRICT kt, T* RESTRICT zrows) {                              \
+    double beta, double eps, T* RESTRICT kt, T* RESTRICT zrows, const int fm) {                \
     const T sc = (T)scale;                                                                     \
     const long np = (n + JB - 1) / JB * JB, tri = n * (n + 1) / 2;                             \
     for (long b = 0; b < B; ++b) {                                                             \
@@ -1123,7 +1139,11 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
                     const T* RESTRICT kc = kt + c * np + j0;                                   \
                     for (long r = 0; r < RB; ++r) {                                            \
                         const T a = sc * qr[r][c];                                             \
-                        _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[r][l] += a * kc[l]; \
+                        if (fm) {                                                              \
+                            _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[r][l] = FMA_##SUF(a, kc[l], acc[r][l]); \
+                        } else {                                                               \
+                            _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[r][l] += a * kc[l]; \
+                        }                                                                      \
                     }                                                                          \
                 }                                                                              \
                 for (long r = 0; r < RB; ++r) { /* lanes l >= lim are above the diagonal */   \
@@ -1134,29 +1154,42 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
                     }                                                                          \
                 }                                                                              \
             }                                                                                  \
-            for (long r = 0; r < RB && i0 + r < n; ++r) {                                      \
+            /* each row's maximum, then (below) its sum, lane by lane in the same order as one \
+               row alone, the RB rows' chains interleaved (a row's chain is latency-bound) */ \
+            const long rows_here = n - i0 < RB ? n - i0 : RB;                                  \
+            T top[RB], lo[RB][JB];                                                             \
+            for (long r = 0; r < RB; ++r) top[r] = mx[r][0];                                   \
+            for (long l = 1; l < JB; ++l)                                                      \
+                for (long r = 0; r < RB; ++r) top[r] = mx[r][l] > top[r] ? mx[r][l] : top[r];  \
+            for (long r = 0; r < rows_here; ++r) {                                             \
                 const long i = i0 + r, m = i + 1, last = (m - 1) / JB * JB;                    \
                 T* RESTRICT zrow = zrows + r * np;                                             \
-                T* RESTRICT row = A + b * tri + i * (i + 1) / 2;                               \
-                T top = mx[r][0], lo[JB];                                                      \
-                for (long l = 1; l < JB; ++l) top = mx[r][l] > top ? mx[r][l] : top;           \
-                _Pragma("omp simd") for (long l = 0; l < JB; ++l) lo[l] = 0;                   \
+                T* RESTRICT lr = lo[r];                                                        \
+                const T tr = top[r];                                                           \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) lr[l] = 0;                   \
                 for (long j0 = 0; j0 < m; j0 += JB) { /* exp, and the sum below the diagonal */\
                     const long cut = j0 == last ? i - j0 : JB; /* lane of j = i */            \
                     _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                        \
-                        const T e = exp_nonpositive_##SUF(zrow[j0 + l] - top);                 \
-                        zrow[j0 + l] = e; lo[l] += l < cut ? e : (T)0;                         \
+                        const T e = fm ? exp_nonpositive_fma_##SUF(zrow[j0 + l] - tr)          \
+                                       : exp_nonpositive_##SUF(zrow[j0 + l] - tr);             \
+                        zrow[j0 + l] = e; lr[l] += l < cut ? e : (T)0;                         \
                     }                                                                          \
                 }                                                                              \
-                double lower = 0.0;                                                            \
-                for (long l = 0; l < JB; ++l) lower += (double)lo[l];                          \
-                const double total = lower + (double)zrow[i];                                  \
+            }                                                                                  \
+            double lower[RB] = {0.0};                                                          \
+            for (long l = 0; l < JB; ++l)                                                      \
+                for (long r = 0; r < RB; ++r) lower[r] += (double)lo[r][l];                    \
+            for (long r = 0; r < rows_here; ++r) {                                             \
+                const long i = i0 + r, m = i + 1, last = (m - 1) / JB * JB;                    \
+                T* RESTRICT zrow = zrows + r * np;                                             \
+                T* RESTRICT row = A + b * tri + i * (i + 1) / 2;                               \
+                const double total = lower[r] + (double)zrow[i];                               \
                 const T inv = (T)(1.0 / total);                                                \
                 for (long j0 = 0; j0 < last; j0 += JB) { /* the row's m entries, packed */    \
                     _Pragma("omp simd") for (long l = 0; l < JB; ++l) row[j0 + l] = zrow[j0 + l] * inv; \
                 }                                                                              \
                 for (long j = last; j < m; ++j) row[j] = zrow[j] * inv;                        \
-                s[b * n + i] = lower / total;                                                  \
+                s[b * n + i] = lower[r] / total;                                               \
             }                                                                                  \
         }                                                                                      \
         double m = 1.0, dm;                                                                    \
@@ -1168,7 +1201,7 @@ static inline __attribute__((always_inline)) void causal_head_backward_body_##SU
     T* const* RESTRICT qs, T* const* RESTRICT ks, long rq, long rk, const T* RESTRICT A,     \
     const double* RESTRICT g, const double* RESTRICT s, T* const* RESTRICT dqs,              \
     T* const* RESTRICT dks, long rdq, long rdk, long B, long n, long d, double scale,          \
-    double beta, double eps, double* RESTRICT gs, double* RESTRICT after) {                   \
+    double beta, double eps, double* RESTRICT gs, double* RESTRICT after, const int fm) {     \
     for (long b = 0; b < B; ++b) {                                                             \
         const T* RESTRICT qb = qs[b]; const T* RESTRICT kb = ks[b];                            \
         T* RESTRICT dqb = dqs[b]; T* RESTRICT dkb = dks[b];                                    \
@@ -1204,7 +1237,9 @@ static inline __attribute__((always_inline)) void causal_head_backward_body_##SU
                 _Pragma("omp simd")                                                            \
                 for (long c = 0; c < d; ++c) {                                                 \
                     T acc = dkj[c];                                                            \
-                    for (long r = 0; r < RB; ++r) { aq[r][c] += dz[r] * kj[c]; acc += dz[r] * qr[r][c]; } \
+                    if (fm) for (long r = 0; r < RB; ++r) {                                    \
+                        aq[r][c] = FMA_##SUF(dz[r], kj[c], aq[r][c]); acc = FMA_##SUF(dz[r], qr[r][c], acc); } \
+                    else for (long r = 0; r < RB; ++r) { aq[r][c] += dz[r] * kj[c]; acc += dz[r] * qr[r][c]; } \
                     dkj[c] = acc;                                                              \
                 }                                                                              \
             }                                                                                  \
@@ -1222,8 +1257,8 @@ void causal_head_forward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, T* 
     T* kt = (T*)malloc(sizeof(T) * np * (d + RB));                                              \
     if (!kt) return;                                                                           \
     if (d == 16)                                                                               \
-        causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16);\
-    else causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, d, scale, beta, eps, kt, kt + np * d);\
+        causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16, 0);\
+    else causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, d, scale, beta, eps, kt, kt + np * d, 0);\
     free(kt);                                                                                  \
 }                                                                                              \
 void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, const T* RESTRICT A,\
@@ -1234,8 +1269,8 @@ void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, co
     double* tmp = (double*)malloc(sizeof(double) * 2 * n);                                     \
     if (!tmp) return;                                                                          \
     if (d == 16)                                                                               \
-        causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, 16, scale, beta, eps, tmp, tmp + n);\
-    else causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, d, scale, beta, eps, tmp, tmp + n);\
+        causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, 16, scale, beta, eps, tmp, tmp + n, 0);\
+    else causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, d, scale, beta, eps, tmp, tmp + n, 0);\
     free(tmp);                                                                                 \
 }                                                                                              \
 /* The mean penalty of B = nl items nh matrices and, with grad, its gradient in one call,      \
@@ -1246,7 +1281,8 @@ void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, co
 void causal_heads_fused_##SUF(T* const* RESTRICT qb, T* const* RESTRICT kb, long nl, long nt, \
                               long nh, long sqt, long sqh, long skt, long skh, T* RESTRICT gq, \
                               T* RESTRICT gk, double* RESTRICT loss, long n, long d, long rq,  \
-                              long rk, double scale, double beta, double eps, int grad) {      \
+                              long rk, double scale, double beta, double eps, int grad,        \
+                              int fm) {                                                        \
     const long np = (n + JB - 1) / JB * JB, B = nl * nt * nh;                                  \
     T* kt = (T*)malloc(sizeof(T) * (np * (d + RB) + n * (n + 1) / 2));                         \
     double* s = (double*)malloc(sizeof(double) * 3 * n);                                       \
@@ -1257,15 +1293,21 @@ void causal_heads_fused_##SUF(T* const* RESTRICT qb, T* const* RESTRICT kb, long
     for (long b = 0; b < B; ++b) {                                                             \
         const long l = b / (nt * nh), t = b / nh % nt, h = b % nh;                             \
         T* qp = qb[l] + t * sqt + h * sqh; T* kp = kb[l] + t * skt + h * skh;                  \
-        if (d == 16)                                                                           \
-            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16);\
-        else causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d);\
+        if (d == 16 && fm)                                                                     \
+            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16, 1);\
+        else if (d == 16)                                                                      \
+            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16, 0);\
+        else if (fm) causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d, 1);\
+        else causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d, 0);\
         sum += loss[b];                                                                        \
         if (!grad) continue;                                                                   \
         T* dq = gq + b * n * d; T* dk = gk + b * n * d;                                        \
-        if (d == 16)                                                                           \
-            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n);\
-        else causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n);\
+        if (d == 16 && fm)                                                                     \
+            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n, 1);\
+        else if (d == 16)                                                                      \
+            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n, 0);\
+        else if (fm) causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n, 1);\
+        else causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n, 0);\
     }                                                                                          \
     loss[B] = sum / (double)B;                                                                 \
     free(kt); free(s);                                                                         \
