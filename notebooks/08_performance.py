@@ -286,7 +286,8 @@ viz.markdown(steps.compile_sentence(cframes))
 # and the cofactor heads; level 2 adds the Fiber Bundle regularisers (eqs. (31) to (34)) in one
 # kernel per layer, which forms their gradient while the Gram matrices are in cache, the
 # metric strength of the curvature (eq. (21)) in one pass, and the base of the causal scores
-# (the dot-product, norm and curvature terms of eq. (16)) inside the pairwise kernels. The records
+# (the dot-product, norm and curvature terms of eq. (16)) inside the pairwise kernels; level 3
+# forms the cofactor regulariser's fused causal heads with fused multiply-adds. The records
 # below time each such step, at the level they name, beside its eager step and the eager
 # dot-product step, in the same interleaved rounds (`bench --train --native`), where they are
 # stored; the quartiles are those of the per-round ratios.
