@@ -1081,36 +1081,27 @@ static double causal_head_loss(double m, long n, double beta, double eps, double
 /* exp(x) for x <= 0 in float, vectorisable (Cephes' expf: Cody-Waite reduction by ln 2 and a
  * degree-6 polynomial, a few ulp); 0 below -87 (exp(-87) ~ 1.6e-38, near the smallest normal
  * float), which no softmax row (whose largest term is 1) can see. */
-static inline float exp_nonpositive_f32(float x) {
-    const int under = x < -87.0f;
-    x = under ? -87.0f : x;
-    /* n = round(x log2 e) by adding and removing 1.5 * 2^23 (floorf does not vectorise) */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    const int bits = ((int)n + 127) << 23;
-    float scale; memcpy(&scale, &bits, sizeof scale);
-    return under ? 0.0f : y * scale;
+/* MADD(a, b, c) is a * b + c: two roundings (level 1), or one (fmaf, the _fma variant, level 3) */
+#define DEFINE_EXP_NONPOSITIVE_F32(NAME, MADD)                                                 \
+static inline float NAME(float x) {                                                            \
+    const int under = x < -87.0f;                                                              \
+    x = under ? -87.0f : x;                                                                    \
+    /* n = round(x log2 e) by adding and removing 1.5 * 2^23 (floorf does not vectorise) */   \
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                   \
+    const float r = MADD(n, 2.12194440e-4f, MADD(-n, 0.693359375f, x));                       \
+    float p = 1.9875691500e-4f;                                                                \
+    p = MADD(p, r, 1.3981999507e-3f); p = MADD(p, r, 8.3334519073e-3f);                        \
+    p = MADD(p, r, 4.1665795894e-2f); p = MADD(p, r, 1.6666665459e-1f);                        \
+    p = MADD(p, r, 5.0000001201e-1f);                                                          \
+    const float y = MADD(p * r, r, r) + 1.0f;                                                  \
+    const int bits = ((int)n + 127) << 23;                                                     \
+    float scale; memcpy(&scale, &bits, sizeof scale);                                          \
+    return under ? 0.0f : y * scale;                                                           \
 }
+#define MUL_ADD(a, b, c) ((a) * (b) + (c))
+DEFINE_EXP_NONPOSITIVE_F32(exp_nonpositive_f32, MUL_ADD)
+DEFINE_EXP_NONPOSITIVE_F32(exp_nonpositive_fma_f32, fmaf)
 static inline double exp_nonpositive_f64(double x) { return exp(x); }
-/* the same with its polynomial in fused multiply-adds (level 3: rounds differently) */
-static inline float exp_nonpositive_fma_f32(float x) {
-    const int under = x < -87.0f;
-    x = under ? -87.0f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = fmaf(n, 2.12194440e-4f, fmaf(-n, 0.693359375f, x));
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f); p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f); p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    const float y = fmaf(p * r, r, r + 1.0f);
-    const int bits = ((int)n + 127) << 23;
-    float scale; memcpy(&scale, &bits, sizeof scale);
-    return under ? 0.0f : y * scale;
-}
 static inline double exp_nonpositive_fma_f64(double x) { return exp(x); }
 
 #define DEFINE_CAUSAL_HEAD_KERNELS(T, SUF)                                                     \
@@ -1161,12 +1152,13 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
             for (long r = 0; r < RB; ++r) top[r] = mx[r][0];                                   \
             for (long l = 1; l < JB; ++l)                                                      \
                 for (long r = 0; r < RB; ++r) top[r] = mx[r][l] > top[r] ? mx[r][l] : top[r];  \
+            for (long r = 0; r < RB; ++r) /* rows past n - 1 keep 0: their sums are not used */ \
+                _Pragma("omp simd") for (long l = 0; l < JB; ++l) lo[r][l] = 0;                \
             for (long r = 0; r < rows_here; ++r) {                                             \
                 const long i = i0 + r, m = i + 1, last = (m - 1) / JB * JB;                    \
                 T* RESTRICT zrow = zrows + r * np;                                             \
                 T* RESTRICT lr = lo[r];                                                        \
                 const T tr = top[r];                                                           \
-                _Pragma("omp simd") for (long l = 0; l < JB; ++l) lr[l] = 0;                   \
                 for (long j0 = 0; j0 < m; j0 += JB) { /* exp, and the sum below the diagonal */\
                     const long cut = j0 == last ? i - j0 : JB; /* lane of j = i */            \
                     _Pragma("omp simd") for (long l = 0; l < JB; ++l) {                        \
