@@ -1108,17 +1108,20 @@ static inline double exp_nonpositive_fma_f64(double x) { return exp(x); }
 static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF(              \
     T* const* RESTRICT qs, T* const* RESTRICT ks, long rq, long rk, T* RESTRICT A,           \
     double* RESTRICT s, long B, double* RESTRICT loss, long n, long d, double scale,          \
-    double beta, double eps, T* RESTRICT kt, T* RESTRICT zrows, const int fm) {                \
+    double beta, double eps, T* RESTRICT kt, T* RESTRICT zrows, T* RESTRICT qsc,            \
+    const int fm) {                                                                            \
     const T sc = (T)scale;                                                                     \
     const long np = (n + JB - 1) / JB * JB, tri = n * (n + 1) / 2;                             \
     for (long b = 0; b < B; ++b) {                                                             \
         const T* RESTRICT qb = qs[b]; const T* RESTRICT kb = ks[b];                            \
         for (long c = 0; c < d; ++c) for (long j = 0; j < np; ++j)                             \
             kt[c * np + j] = j < n ? kb[j * rk + c] : (T)0;                                    \
+        for (long i = 0; i < n; ++i) /* the queries scaled, contiguous (the products as before) */\
+            _Pragma("omp simd") for (long c = 0; c < d; ++c) qsc[i * d + c] = sc * qb[i * rq + c];\
         for (long i0 = 0; i0 < n; i0 += RB) { /* RB rows at once: RB independent sums */      \
             const long top_row = i0 + RB - 1 < n ? i0 + RB - 1 : n - 1;                        \
             const T* qr[RB];                                                                   \
-            for (long r = 0; r < RB; ++r) qr[r] = qb + (i0 + r < n ? i0 + r : n - 1) * rq;     \
+            for (long r = 0; r < RB; ++r) qr[r] = qsc + (i0 + r < n ? i0 + r : n - 1) * d;     \
             T mx[RB][JB];                                                                      \
             for (long r = 0; r < RB; ++r)                                                      \
                 _Pragma("omp simd") for (long l = 0; l < JB; ++l) mx[r][l] = -INFINITY;        \
@@ -1129,7 +1132,7 @@ static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF
                 for (long c = 0; c < d; ++c) {                                                 \
                     const T* RESTRICT kc = kt + c * np + j0;                                   \
                     for (long r = 0; r < RB; ++r) {                                            \
-                        const T a = sc * qr[r][c];                                             \
+                        const T a = qr[r][c];                                                  \
                         if (fm) {                                                              \
                             _Pragma("omp simd") for (long l = 0; l < JB; ++l) acc[r][l] = FMA_##SUF(a, kc[l], acc[r][l]); \
                         } else {                                                               \
@@ -1193,7 +1196,8 @@ static inline __attribute__((always_inline)) void causal_head_backward_body_##SU
     T* const* RESTRICT qs, T* const* RESTRICT ks, long rq, long rk, const T* RESTRICT A,     \
     const double* RESTRICT g, const double* RESTRICT s, T* const* RESTRICT dqs,              \
     T* const* RESTRICT dks, long rdq, long rdk, long B, long n, long d, double scale,          \
-    double beta, double eps, double* RESTRICT gs, double* RESTRICT after, const int fm) {     \
+    double beta, double eps, double* RESTRICT gs, double* RESTRICT after, T* RESTRICT dzb,   \
+    const int fm) {                                                                            \
     for (long b = 0; b < B; ++b) {                                                             \
         const T* RESTRICT qb = qs[b]; const T* RESTRICT kb = ks[b];                            \
         T* RESTRICT dqb = dqs[b]; T* RESTRICT dkb = dks[b];                                    \
@@ -1219,13 +1223,18 @@ static inline __attribute__((always_inline)) void causal_head_backward_body_##SU
                 gi[r] = (T)gs[i]; gsi[r] = (T)(gs[i] * sb[i]);                                 \
                 for (long c = 0; c < d; ++c) aq[r][c] = 0;                                     \
             }                                                                                  \
+            for (long r = 0; r < RB; ++r) { /* dz_ij, 0 above the diagonal and past row n - 1 */\
+                const long i = i0 + r; const T* RESTRICT ar = rows[r]; T* RESTRICT dzr = dzb + r * n;\
+                const T gir = gi[r], gsr = gsi[r];                                             \
+                _Pragma("omp simd") for (long j = 0; j <= top_row; ++j) {                      \
+                    const T a = j <= i && i < n ? ar[j] : (T)0;                                \
+                    dzr[j] = j <= i && i < n ? a * ((j < i ? gir : (T)0) - gsr) : (T)0;         \
+                }                                                                              \
+            }                                                                                  \
             for (long j = 0; j <= top_row; ++j) {                                              \
                 const T* RESTRICT kj = kb + j * rk; T* RESTRICT dkj = dkb + j * rdk;           \
                 T dz[RB];                                                                      \
-                for (long r = 0; r < RB; ++r) { /* 0 above the diagonal and past row n - 1 */ \
-                    const long i = i0 + r;                                                     \
-                    dz[r] = j <= i && i < n ? rows[r][j] * ((j < i ? gi[r] : (T)0) - gsi[r]) : (T)0; \
-                }                                                                              \
+                for (long r = 0; r < RB; ++r) dz[r] = dzb[r * n + j];                          \
                 _Pragma("omp simd")                                                            \
                 for (long c = 0; c < d; ++c) {                                                 \
                     T acc = dkj[c];                                                            \
@@ -1246,11 +1255,12 @@ void causal_head_forward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, T* 
                                double* RESTRICT s, double* RESTRICT loss, long B, long n,      \
                                long d, long rq, long rk, double scale, double beta, double eps) {\
     const long np = (n + JB - 1) / JB * JB;                                                    \
-    T* kt = (T*)malloc(sizeof(T) * np * (d + RB));                                              \
+    T* kt = (T*)malloc(sizeof(T) * (np * (d + RB) + n * d));                                   \
     if (!kt) return;                                                                           \
+    T* qsc = kt + np * (d + RB);                                                               \
     if (d == 16)                                                                               \
-        causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16, 0);\
-    else causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, d, scale, beta, eps, kt, kt + np * d, 0);\
+        causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, 16, scale, beta, eps, kt, kt + np * 16, qsc, 0);\
+    else causal_head_forward_body_##SUF(qs, ks, rq, rk, A, s, B, loss, n, d, scale, beta, eps, kt, kt + np * d, qsc, 0);\
     free(kt);                                                                                  \
 }                                                                                              \
 void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, const T* RESTRICT A,\
@@ -1259,11 +1269,12 @@ void causal_head_backward_##SUF(T* const* RESTRICT qs, T* const* RESTRICT ks, co
                                 long d, long rq, long rk, long rdq, long rdk, double scale,    \
                                 double beta, double eps) {                                     \
     double* tmp = (double*)malloc(sizeof(double) * 2 * n);                                     \
-    if (!tmp) return;                                                                          \
+    T* dzb = (T*)malloc(sizeof(T) * RB * n);                                                   \
+    if (!tmp || !dzb) { free(tmp); free(dzb); return; }                                        \
     if (d == 16)                                                                               \
-        causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, 16, scale, beta, eps, tmp, tmp + n, 0);\
-    else causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, d, scale, beta, eps, tmp, tmp + n, 0);\
-    free(tmp);                                                                                 \
+        causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, 16, scale, beta, eps, tmp, tmp + n, dzb, 0);\
+    else causal_head_backward_body_##SUF(qs, ks, rq, rk, A, g, s, dqs, dks, rdq, rdk, B, n, d, scale, beta, eps, tmp, tmp + n, dzb, 0);\
+    free(tmp); free(dzb);                                                                      \
 }                                                                                              \
 /* The mean penalty of B = nl items nh matrices and, with grad, its gradient in one call,      \
    matrix by matrix (the softmax rows of one matrix stay in a small buffer, never written      \
@@ -1276,30 +1287,32 @@ void causal_heads_fused_##SUF(T* const* RESTRICT qb, T* const* RESTRICT kb, long
                               long rk, double scale, double beta, double eps, int grad,        \
                               int fm) {                                                        \
     const long np = (n + JB - 1) / JB * JB, B = nl * nt * nh;                                  \
-    T* kt = (T*)malloc(sizeof(T) * (np * (d + RB) + n * (n + 1) / 2));                         \
+    T* kt = (T*)malloc(sizeof(T) * (np * (d + RB) + n * (n + 1) / 2 + n * d + RB * n));        \
     double* s = (double*)malloc(sizeof(double) * 3 * n);                                       \
     if (!kt || !s) { free(kt); free(s); return; }                                              \
     T* A = kt + np * (d + RB);                                                                 \
+    T* qsc = A + n * (n + 1) / 2; /* the scaled queries, then the backward's dz rows */        \
+    T* dzb = qsc + n * d;                                                                      \
     const double g = 1.0 / (double)B;                                                          \
     double sum = 0.0;                                                                          \
     for (long b = 0; b < B; ++b) {                                                             \
         const long l = b / (nt * nh), t = b / nh % nt, h = b % nh;                             \
         T* qp = qb[l] + t * sqt + h * sqh; T* kp = kb[l] + t * skt + h * skh;                  \
         if (d == 16 && fm)                                                                     \
-            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16, 1);\
+            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16, qsc, 1);\
         else if (d == 16)                                                                      \
-            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16, 0);\
-        else if (fm) causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d, 1);\
-        else causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d, 0);\
+            causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, 16, scale, beta, eps, kt, kt + np * 16, qsc, 0);\
+        else if (fm) causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d, qsc, 1);\
+        else causal_head_forward_body_##SUF(&qp, &kp, rq, rk, A, s, 1, loss + b, n, d, scale, beta, eps, kt, kt + np * d, qsc, 0);\
         sum += loss[b];                                                                        \
         if (!grad) continue;                                                                   \
         T* dq = gq + b * n * d; T* dk = gk + b * n * d;                                        \
         if (d == 16 && fm)                                                                     \
-            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n, 1);\
+            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n, dzb, 1);\
         else if (d == 16)                                                                      \
-            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n, 0);\
-        else if (fm) causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n, 1);\
-        else causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n, 0);\
+            causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, 16, 16, 1, n, 16, scale, beta, eps, s + n, s + 2 * n, dzb, 0);\
+        else if (fm) causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n, dzb, 1);\
+        else causal_head_backward_body_##SUF(&qp, &kp, rq, rk, A, &g, s, &dq, &dk, d, d, 1, n, d, scale, beta, eps, s + n, s + 2 * n, dzb, 0);\
     }                                                                                          \
     loss[B] = sum / (double)B;                                                                 \
     free(kt); free(s);                                                                         \
