@@ -307,6 +307,26 @@ viz.markdown(
 )
 
 # %% [markdown]
+# ### The same steps on other machines
+#
+# A ratio to the dot-product step is a property of the machine as well as of the code. The
+# dot-product step is mostly matrix products, which a library runs near the peak of the vector
+# units; the native kernels, the small operators around them and the Python of a step do not
+# scale with that peak in the same way. So a goal met on one processor can fail on another.
+# Records made on other CPUs (`bench --train --native --store --machine LABEL`) are stored beside
+# the reference records above, not over them, and read here the same way.
+
+# %%
+other_cpus = steps.other_machine_records("native")
+for label, recs in other_cpus.items():
+    for shape, rec in recs.items():
+        print(f"{label}, {shape}: " + steps.record_caption(rec))
+    viz.show(steps.native_figure({s: steps.native_frame(r) for s, r in recs.items()}))
+    viz.markdown(steps.machine_sentence(label, recs, natives))
+if not other_cpus:
+    viz.markdown("No training-step record from another CPU is stored.")
+
+# %% [markdown]
 # ## Where a step goes
 #
 # A profile of a few steps of each variant (`torch.profiler`) splits its time into phases:

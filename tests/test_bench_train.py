@@ -157,6 +157,17 @@ def test_records_are_stored_with_provenance_and_loaded_by_machine_kind(tmp_path)
     assert bench_records.machine_kind("cuda:1") == "cuda"
     with pytest.raises(ValueError, match="needs its provenance"):
         bench_records.store_bench({"name": "x"}, "x", root=tmp_path)
+    # another machine's record goes one folder down, beside the reference one, not over it
+    other = {**rec, "results": {"dot": {}}}
+    at = bench_records.store_bench(other, "train-book", root=tmp_path, machine="intel-xeon")
+    assert at == tmp_path / "bench" / "cpu" / "intel-xeon" / "train-book.json"
+    assert bench_records.load_bench("train-book", root=tmp_path) == rec
+    assert bench_records.load_bench("train-book", root=tmp_path, machine="intel-xeon") == other
+    assert bench_records.other_machines("cpu", root=tmp_path) == ["intel-xeon"]
+    assert bench_records.other_machines("cuda", root=tmp_path) == []
+    for bad in ("Intel Xeon", "../up", "-x", ""):
+        with pytest.raises(ValueError, match="a machine label is lower-case"):
+            bench_records.store_bench(rec, "train-book", root=tmp_path, machine=bad)
 
 
 def test_command_line_bench_lengths_writes_a_record_and_rejects_bad_train_variants(

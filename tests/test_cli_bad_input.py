@@ -88,6 +88,8 @@ BAD = {
         (BENCH + ["dot", "--device", "gpu"], "--device: expected a torch device"),
         (BENCH + ["--train", "--device", "gpu"], "--device: expected a torch device"),
         (BENCH + ["--train", "--device", "cuda"], "'cuda' asked for, but CUDA is not available"),
+        (BENCH + ["--train", "--machine", "xeon"], "--machine xeon: names where --store puts"),
+        (BENCH + ["--train", "--store", "--machine", "Xeon 2GHz"], "--machine: a machine label is"),
         (BENCH + ["dot", "--dtype", "float8"], "argument --dtype: invalid choice"),
         (BENCH + ["dot", "-L", "abc"], "argument -L/--length: invalid int value"),
     ],

@@ -214,3 +214,43 @@ def test_longest_sentence_reads_each_kernel_at_its_own_longest_length():
         "On the GPU: At the longest length each reached, the kernels run at dot 1.0x (L = 1024), "
         "euclidean 2.0x (L = 512), ssm 0.2x (L = 1024) SDPA's forward+backward time."
     )
+
+
+def test_other_machines_records_are_read_beside_the_reference_ones(tmp_path):
+    """Records stored with ``--machine`` are found by label and told beside the reference
+    machine's: each processor and dot-product step, the native steps against their goals and
+    the cofactor regulariser's share there."""
+
+    def native_record(dot_s: float, fbt: float, cof: float, cpu: str) -> dict:
+        rec = _train({"dot": 1.0, "fiber_bundle": 4.0, "cofactor": 1.1},
+                     {"dot": 1.0, "fiber_bundle": 2.5, "cofactor": 1.02})  # fmt: skip
+        rec["results"]["dot"]["step"]["median_s"] = dot_s
+        for v, med in (("fiber_bundle", fbt), ("cofactor", cof)):
+            r = rec["results"][v]
+            r["native"] = {"median_s": dot_s * med, "ratio_median": med, "ratio_q25": med,
+                           "ratio_q75": med}  # fmt: skip
+            r["native_speedup"] = r["step"]["median_s"] / r["native"]["median_s"]
+            r["native_phases"] = {"regularizer/cofactor": {"share": 0.05, "forward_flops": 1,
+                                                           "backward_flops": 1}}  # fmt: skip
+        rec["name"] = "train-book-native"
+        return bench_records.stamp(rec, started=0.0, command="bench --train --native")
+
+    ref = native_record(0.006, 2.8, 1.04, "AMD EPYC")
+    ref["provenance"]["cpu"] = "AMD EPYC"
+    other = native_record(0.008, 3.5, 1.08, "Intel Xeon")
+    other["provenance"]["cpu"] = "Intel Xeon"
+    bench_records.store_bench(ref, "train-book-native", root=tmp_path)
+    bench_records.store_bench(other, "train-book-native", root=tmp_path, machine="intel-xeon")
+    found = steps.other_machine_records("native", root=str(tmp_path))
+    assert list(found) == ["intel-xeon"] and list(found["intel-xeon"]) == ["book"]
+    assert found["intel-xeon"]["book"]["provenance"]["cpu"] == "Intel Xeon"
+    assert steps.other_machine_records("compiled", root=str(tmp_path)) == {}
+    text = steps.machine_sentence("intel-xeon", found["intel-xeon"], {"book": ref})
+    assert text.startswith(
+        "Machine intel-xeon: at the book shape its dot-product step takes 8.00 ms (Intel Xeon) "
+        "against 6.00 ms on the reference machine (AMD EPYC)."
+    )
+    assert "fiber_bundle 3.50x" in text and "goal (3) not met" in text
+    assert "the cofactor regulariser (goal: at most 5% of a step): at the book shape 7.4%" in text
+    assert "goal not met" in text
+    assert "No training-step record of machine 'x'" in steps.machine_sentence("x", {}, {})

@@ -84,6 +84,13 @@ def add_subcommand(subparsers: Any) -> None:
         action="store_true",
         help="store the record in results/bench/<cpu|cuda>/ with its provenance (chapter 8)",
     )
+    p.add_argument(
+        "--machine",
+        default=None,
+        metavar="LABEL",
+        help="with --store: another machine's record, stored under results/bench/<cpu|cuda>/"
+        "LABEL/ beside the reference one instead of over it (e.g. intel-xeon-2ghz)",
+    )
     p.add_argument("--baseline", default="dot")
     p.add_argument("-B", "--batch", type=int, default=4)
     p.add_argument("-H", "--heads", type=int, default=8)
@@ -128,6 +135,17 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if args.threads < 1:
         raise ConfigError(f"--threads: expected a positive integer, got {args.threads}")
     check_device(args.device, "--device")
+    if args.machine is not None:
+        if not args.store:
+            raise ConfigError(
+                f"--machine {args.machine}: names where --store puts the record; add --store"
+            )
+        from .bench_records import bench_dir
+
+        try:
+            bench_dir("cpu", machine=args.machine)
+        except ValueError as err:
+            raise ConfigError(f"--machine: {err}") from None
     if args.train:
         from .bench_train import SHAPES, TRAIN_VARIANTS
 
@@ -208,7 +226,7 @@ def _cli_record(args: argparse.Namespace) -> int:
         from .bench_scaling import KERNEL_VARIANTS, kernel_scaling
 
         def partial(rec: dict[str, Any]) -> None:  # each length stored as it ends
-            store_bench(stamp(rec, started=started), rec["name"])
+            store_bench(stamp(rec, started=started), rec["name"], machine=args.machine)
 
         rec = kernel_scaling(
             args.variants or KERNEL_VARIANTS, args.lengths, batch=args.batch, heads=args.heads,
@@ -229,7 +247,7 @@ def _cli_record(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(rec, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.store:
-        print(f"stored {store_bench(rec, rec['name'])}", file=sys.stderr)
+        print(f"stored {store_bench(rec, rec['name'], machine=args.machine)}", file=sys.stderr)
     return 0
 
 

@@ -8,13 +8,18 @@ in the same form as an experiment cell's, so :class:`attention_atlas.provenance.
 summarises it in the one line a chapter prints beside a figure.
 
 The machine kind is ``cpu`` or ``cuda`` (the device the benchmark timed), so GPU records sit
-beside CPU ones and a chapter shows whichever exist.
+beside CPU ones and a chapter shows whichever exist. A record of the same kind made on another
+machine (another processor, another clock) goes one folder down,
+``results/bench/<kind>/<machine>/<name>.json`` (``bench ... --store --machine LABEL``), beside
+the kind's reference record rather than over it: a step's ratio to a dot-product step depends on
+the machine, and the chapter shows each.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -33,6 +38,7 @@ __all__ = [
     "load_bench",
     "load_bench_kinds",
     "machine_kind",
+    "other_machines",
     "provenance_text",
     "stamp",
     "store_bench",
@@ -47,11 +53,33 @@ def machine_kind(device: str | torch.device) -> str:
     return "cuda" if torch.device(device).type == "cuda" else "cpu"
 
 
-def bench_dir(kind: str, root: str | os.PathLike[str] | None = None) -> Path:
-    """``<results root>/bench/<kind>``."""
+#: a machine label (``--machine``): lower-case letters and digits, words joined by hyphens
+_MACHINE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def bench_dir(
+    kind: str, root: str | os.PathLike[str] | None = None, machine: str | None = None
+) -> Path:
+    """``<results root>/bench/<kind>``, or ``.../<kind>/<machine>`` for another machine's."""
     if kind not in KINDS:
         raise ValueError(f"machine kind must be one of {KINDS}, got {kind!r}")
-    return (Path(root) if root is not None else results_root()) / "bench" / kind
+    base = (Path(root) if root is not None else results_root()) / "bench" / kind
+    if machine is None:
+        return base
+    if not isinstance(machine, str) or _MACHINE.fullmatch(machine) is None:
+        raise ValueError(
+            "a machine label is lower-case letters and digits, words joined by hyphens "
+            f"(e.g. intel-xeon-2ghz), got {machine!r}"
+        )
+    return base / machine
+
+
+def other_machines(kind: str = "cpu", root: str | os.PathLike[str] | None = None) -> list[str]:
+    """The labels of the other machines of ``kind`` with stored records (sorted)."""
+    base = bench_dir(kind, root)
+    if not base.is_dir():
+        return []
+    return sorted(p.name for p in base.iterdir() if p.is_dir() and _MACHINE.fullmatch(p.name))
 
 
 def stamp(record: dict[str, Any], *, started: float, command: str | None = None) -> dict[str, Any]:
@@ -79,23 +107,32 @@ def stamp(record: dict[str, Any], *, started: float, command: str | None = None)
 
 
 def store_bench(
-    record: dict[str, Any], name: str, root: str | os.PathLike[str] | None = None
+    record: dict[str, Any],
+    name: str,
+    root: str | os.PathLike[str] | None = None,
+    machine: str | None = None,
 ) -> Path:
     """Write ``record`` (with its provenance, see :func:`stamp`) to
-    ``results/bench/<kind>/<name>.json``, the kind from the record's ``device``; the path."""
+    ``results/bench/<kind>/<name>.json``, the kind from the record's ``device`` (under
+    ``<kind>/<machine>/`` for another machine's record); the path."""
     if "provenance" not in record:
         raise ValueError("a stored benchmark record needs its provenance: pass it through stamp()")
-    path = bench_dir(machine_kind(str(record.get("device", "cpu"))), root) / f"{name}.json"
+    kind = machine_kind(str(record.get("device", "cpu")))
+    path = bench_dir(kind, root, machine) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, dumps_record(record))
     return path
 
 
 def load_bench(
-    name: str, kind: str = "cpu", root: str | os.PathLike[str] | None = None
+    name: str,
+    kind: str = "cpu",
+    root: str | os.PathLike[str] | None = None,
+    machine: str | None = None,
 ) -> dict[str, Any] | None:
-    """The stored record ``results/bench/<kind>/<name>.json``, or None if there is none."""
-    path = bench_dir(kind, root) / f"{name}.json"
+    """The stored record ``results/bench/<kind>[/<machine>]/<name>.json``, or None if there is
+    none."""
+    path = bench_dir(kind, root, machine) / f"{name}.json"
     return dict(json.loads(path.read_text())) if path.exists() else None
 
 

@@ -1,6 +1,6 @@
 """Chapter 8's training-step records read other ways: compiled and native steps beside the eager
-ones, the GPU's beside the CPU's, and the cofactor regulariser's share of a step (issue 16's
-goal for it). The records are those of :mod:`attention_atlas.experiments.performance` (made by
+ones, the GPU's beside the CPU's, another CPU's beside the reference one, and the cofactor
+regulariser's share of a step (issue 16's goal for it). The records are those of :mod:`attention_atlas.experiments.performance` (made by
 ``python -m attention_atlas bench --train [--compile | --native] [--device cuda] --store``);
 the tables, goals and figures they share are there.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..bench_records import provenance_text
+from ..bench_records import load_bench, other_machines, provenance_text
 from ..bench_train import step_flops
 from .performance import GOALS, REGULARIZER_SHARE_GOAL, _with_goals
 
@@ -22,9 +22,11 @@ __all__ = [
     "compile_frame",
     "compile_sentence",
     "device_step_sentence",
+    "machine_sentence",
     "native_figure",
     "native_frame",
     "native_sentence",
+    "other_machine_records",
     "record_caption",
     "regularizer_sentence",
     "regularizer_share",
@@ -160,6 +162,47 @@ def device_step_sentence(
             f"{worst}'s step there are {where}"
         )
     return "On the GPU, in dot-product steps: " + "; ".join(parts) + "."
+
+
+def other_machine_records(
+    suffix: str = "native", kind: str = "cpu", root: str | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{machine label: {shape: record}}``: the training-step records ``train-<shape>[-<suffix>]``
+    stored for other machines of ``kind`` (``bench --train ... --store --machine LABEL``)."""
+    tail = f"-{suffix}" if suffix else ""
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for label in other_machines(kind, root):
+        recs = {shape: load_bench(f"train-{shape}{tail}", kind, root, label)
+                for shape in ("book", "long")}  # fmt: skip
+        if any(r is not None for r in recs.values()):
+            found[label] = {shape: r for shape, r in recs.items() if r is not None}
+    return found
+
+
+def machine_sentence(
+    label: str, records: dict[str, dict[str, Any]], reference: dict[str, dict[str, Any]]
+) -> str:
+    """Another machine's native-kernel records (``{shape: record}``) in words beside the
+    reference machine's (``{shape: record}``, the same shapes where stored): each machine's
+    processor and dot-product step, then :func:`native_sentence` and the cofactor regulariser's
+    share (:func:`regularizer_sentence`) on the other machine."""
+    if not records:
+        return f"No training-step record of machine {label!r} is stored."
+    parts = []
+    for shape, rec in records.items():
+        cpu = rec.get("provenance", {}).get("cpu") or "unnamed processor"
+        text = f"at the {shape} shape its dot-product step takes {1e3 * rec['results']['dot']['step']['median_s']:.2f} ms ({cpu})"
+        ref = reference.get(shape)
+        if ref is not None:
+            ref_cpu = ref.get("provenance", {}).get("cpu") or "unnamed processor"
+            text += f" against {1e3 * ref['results']['dot']['step']['median_s']:.2f} ms on the reference machine ({ref_cpu})"
+        parts.append(text)
+    frames = {shape: native_frame(rec) for shape, rec in records.items()}
+    shares = {shape: regularizer_share(rec, native=True) for shape, rec in records.items()}
+    return (
+        f"Machine {label}: " + "; ".join(parts) + ". " + native_sentence(frames) + " "
+        + regularizer_sentence(shares, "With the native kernels there, the cofactor regulariser")
+    )  # fmt: skip
 
 
 def record_caption(record: dict[str, Any]) -> str:
