@@ -312,9 +312,11 @@ viz.markdown(
 # A ratio to the dot-product step is a property of the machine as well as of the code. The
 # dot-product step is mostly matrix products, which a library runs near the peak of the vector
 # units; the native kernels, the small operators around them and the Python of a step do not
-# scale with that peak in the same way. So a goal met on one processor can fail on another.
-# Records made on other CPUs (`bench --train --native --store --machine LABEL`) are stored beside
-# the reference records above, not over them, and read here the same way.
+# scale with that peak in the same way, so the same code can meet a goal on one processor and
+# miss it on another. Records made on other CPUs (`bench --train --native --store --machine
+# LABEL`) are stored beside the reference records above, not over them, and read here the same
+# way; the sentence under each says which goals it meets that the reference does not, and the
+# other way round.
 
 # %%
 other_cpus = steps.other_machine_records("native")

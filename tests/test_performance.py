@@ -253,4 +253,12 @@ def test_other_machines_records_are_read_beside_the_reference_ones(tmp_path):
     assert "fiber_bundle 3.50x" in text and "goal (3) not met" in text
     assert "the cofactor regulariser (goal: at most 5% of a step): at the book shape 7.4%" in text
     assert "goal not met" in text
+    assert text.endswith(
+        "Of the 3 goals measured on both machines, met on the reference machine and not on this "
+        "one: fiber_bundle's step (book shape), the cofactor regulariser's share (book shape); "
+        "met on this one and not on the reference: none."
+    )
+    assert steps.machine_sentence("intel-xeon", found["intel-xeon"], {}).endswith(
+        "No goal was measured on both machines."
+    )
     assert "No training-step record of machine 'x'" in steps.machine_sentence("x", {}, {})

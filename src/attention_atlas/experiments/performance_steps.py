@@ -199,10 +199,41 @@ def machine_sentence(
         parts.append(text)
     frames = {shape: native_frame(rec) for shape, rec in records.items()}
     shares = {shape: regularizer_share(rec, native=True) for shape, rec in records.items()}
-    return (
+    text = (
         f"Machine {label}: " + "; ".join(parts) + ". " + native_sentence(frames) + " "
         + regularizer_sentence(shares, "With the native kernels there, the cofactor regulariser")
     )  # fmt: skip
+    return text + " " + _goal_flips(_goals_met(records), _goals_met(reference))
+
+
+def _goals_met(records: dict[str, dict[str, Any]]) -> dict[tuple[str, str], bool]:
+    """``{(goal, shape): met}`` of native-kernel records ``{shape: record}``: each variant's step
+    against its goal and the cofactor regulariser's share against its own."""
+    met: dict[tuple[str, str], bool] = {}
+    for shape, rec in records.items():
+        for v, row in native_frame(rec).iterrows():
+            met[(f"{v}'s step", shape)] = bool(row["met"])
+        share = regularizer_share(rec, native=True)
+        if share is not None:
+            met[("the cofactor regulariser's share", shape)] = share["timed"] <= share["goal"]
+    return met
+
+
+def _goal_flips(here: dict[tuple[str, str], bool], there: dict[tuple[str, str], bool]) -> str:
+    """Which goals one machine meets and the reference does not, and the other way round."""
+    both = [key for key in here if key in there]
+    if not both:
+        return "No goal was measured on both machines."
+
+    def names(keys: list[tuple[str, str]]) -> str:
+        return ", ".join(f"{goal} ({shape} shape)" for goal, shape in keys) or "none"
+
+    lost = [k for k in both if there[k] and not here[k]]
+    won = [k for k in both if here[k] and not there[k]]
+    return (
+        f"Of the {len(both)} goals measured on both machines, met on the reference machine and "
+        f"not on this one: {names(lost)}; met on this one and not on the reference: {names(won)}."
+    )
 
 
 def record_caption(record: dict[str, Any]) -> str:
