@@ -277,8 +277,8 @@ viz.markdown(steps.compile_sentence(cframes))
 # ## Native CPU kernels
 #
 # `TrainConfig(native=True)` (`-o native=true`, `sweep ... --native`) runs the steps of the
-# Riemannian attention, the Fiber Bundle Transformer and the cofactor regulariser's causal heads
-# through the library's own C kernels (`attention_atlas.native`: compiled on first use with the
+# Riemannian attention, the Fiber Bundle Transformer, the cofactor regulariser's causal heads
+# and the SSM's intra-chunk decay mask through the library's own C kernels (`attention_atlas.native`: compiled on first use with the
 # system's compiler, equal to the PyTorch path in float64 and gradchecked, the PyTorch path
 # wherever they do not apply). A kernel that changes a run's rounding comes at a new level
 # (`native.LEVEL`, recorded with each run as `native_level`), so that a record re-runs exactly at
@@ -287,7 +287,10 @@ viz.markdown(steps.compile_sentence(cframes))
 # kernel per layer, which forms their gradient while the Gram matrices are in cache, the
 # metric strength of the curvature (eq. (21)) in one pass, and the base of the causal scores
 # (the dot-product, norm and curvature terms of eq. (16)) inside the pairwise kernels; level 3
-# forms the cofactor regulariser's fused causal heads with fused multiply-adds. The records
+# forms the cofactor regulariser's fused causal heads with fused multiply-adds. The SSM's
+# kernels need no level: they form each chunk's decay mask in cache and never write it out, but
+# every entry by the same float operations in the same order as the PyTorch path, so a run gives
+# the same bits with them as without (a test holds them to it). The records
 # below time each such step, at the level they name, beside its eager step and the eager
 # dot-product step, in the same interleaved rounds (`bench --train --native`), where they are
 # stored; the quartiles are those of the per-round ratios.

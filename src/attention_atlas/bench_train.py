@@ -85,7 +85,7 @@ COMPILED = "@compiled"
 #: suffix of a variant's run with the native kernels (:mod:`attention_atlas.native`)
 NATIVE = "@native"
 #: the variants whose steps the native kernels change (the others run the same operators)
-NATIVE_VARIANTS = ("riemannian", "fiber_bundle", "cofactor")
+NATIVE_VARIANTS = ("riemannian", "fiber_bundle", "cofactor", "ssm")
 
 
 def _shape(preset: str) -> dict[str, int]:

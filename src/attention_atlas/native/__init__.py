@@ -1,5 +1,6 @@
-"""Native CPU kernels for the Fiber Bundle Transformer's hot paths and the cofactor
-regulariser's causal heads (:class:`attention_atlas.cofactor.penalty.CausalHeadPenalty`), and the
+"""Native CPU kernels for the Fiber Bundle Transformer's hot paths, the cofactor regulariser's
+causal heads (:class:`attention_atlas.cofactor.penalty.CausalHeadPenalty`) and the SSM's
+intra-chunk decay mask (:class:`attention_atlas.attention.sma.duality._MaskedScoresT`), and the
 switch that selects them.
 
 The library's own paths are PyTorch operators: many small ones per token and per pair, whose
@@ -75,6 +76,8 @@ _error: str | None = None
 #: scores inside the pairwise kernels (:class:`attention_atlas.native.functions.CausalScores`,
 #: head dimension 16). Level 3 forms the cofactor regulariser's causal heads
 #: (:class:`attention_atlas.cofactor.native_heads.CausalHeadsPenalty`) with fused multiply-adds.
+#: The SSM's decay-mask kernels (``ssm_mask_forward``, ``ssm_mask_backward``) run at every level:
+#: they give the PyTorch path's bits exactly, so they change no run's rounding.
 LEVEL = 3
 
 
@@ -181,6 +184,8 @@ _SIGNATURES = {
     "causal_head_forward": "pppppnnnnnfff",
     "causal_head_backward": "pppppppnnnnnnnfff",
     "causal_heads_fused": "ppnnnnnnnpppnnnnfffii",
+    "ssm_mask_forward": "pppnn",
+    "ssm_mask_backward": "pppppnni",
 }
 _CTYPES = {"p": ctypes.c_void_p, "n": ctypes.c_long, "f": ctypes.c_double, "i": ctypes.c_int}
 #: the largest metric or factor rank the kernels take (RMAX in kernels.c)

@@ -1,5 +1,5 @@
-/* Native CPU kernels of the Fiber Bundle Transformer's hot paths and of the cofactor
- * regulariser's causal heads (attention_atlas.native).
+/* Native CPU kernels of the Fiber Bundle Transformer's hot paths, of the cofactor regulariser's
+ * causal heads and of the SSM's intra-chunk decay mask (attention_atlas.native).
  *
  * Plain C, no Python or torch headers: built once per machine by attention_atlas/native/build.py
  * (gcc -O3 -march=native -fopenmp-simd), loaded with ctypes, called on contiguous CPU tensors.
@@ -1320,3 +1320,103 @@ void causal_heads_fused_##SUF(T* const* RESTRICT qb, T* const* RESTRICT kb, long
 
 DEFINE_CAUSAL_HEAD_KERNELS(float, f32)
 DEFINE_CAUSAL_HEAD_KERNELS(double, f64)
+
+/* ---- the SSM's intra-chunk decay mask (attention.sma.duality._MaskedScoresT) ----
+ * M chunks of length l in the transposed layout (s, t): scores (M, l, l), a (M, l) the decays
+ * exp(A) (formed by the caller, with torch's exp). Each chunk's mask L_st = a_{s+1} ... a_t for
+ * t >= s (the product along the row accumulated in double and rounded per entry, as torch's
+ * CPU cumprod does), 0 for t < s, is formed in a buffer that stays in the first-level cache,
+ * never written out: the forward writes out = scores o L, the backward forms L again and
+ * writes d_scores = grad o L and G = d_scores o scores (the sums of G stay with the caller),
+ * laid out as grad: as L, or its transpose (t, s) (transposed), the layout autograd hands the
+ * caller. Every entry is the same float operations as the PyTorch path's in the same order
+ * (no product reassociated or contracted: -std=c99 keeps -ffp-contract=off), so the same bits.
+ * The row products, a chain each, run SB rows at a time as the lanes of one vector. */
+#define SB 8
+typedef double V8_f64 __attribute__((vector_size(64)));
+typedef long V8I_f64 __attribute__((vector_size(64)));
+typedef float V8_f32 __attribute__((vector_size(32)));
+
+#define DEFINE_SSM_KERNELS(T, SUF)                                                             \
+/* one chunk's mask into Lb (l, l), or its transpose (trans); tile (l, SB) scratch: rows s0 .. s0 + SB - 1 as lanes,   \
+   their products column by column (lane ss takes a_t once t > s0 + ss, so only the first   \
+   SB - 1 columns need a per-lane choice), then copied out row by row */                      \
+static void ssm_mask_##SUF(const T* RESTRICT am, T* RESTRICT Lb, T* RESTRICT tile, long l,      \
+                           int trans) {                                                        \
+    const V8_f64 lane = {0, 1, 2, 3, 4, 5, 6, 7}, ones = {1, 1, 1, 1, 1, 1, 1, 1};            \
+    for (long s0 = 0; s0 < l; s0 += SB) {                                                      \
+        const long ns = l - s0 < SB ? l - s0 : SB, t1 = s0 + SB < l ? s0 + SB : l;             \
+        V8_f64 acc = ones;                                                                     \
+        for (long t = s0 + 1; t < t1; ++t) {                                                   \
+            const V8_f64 at = ones * (double)am[t];                                            \
+            const V8I_f64 take = (double)(t - s0) > lane;  /* all bits set where t > s */      \
+            V8_f64 f;                                                                          \
+            const V8I_f64 bits = ((V8I_f64)at & take) | ((V8I_f64)ones & ~take);               \
+            memcpy(&f, &bits, sizeof f);                                                       \
+            acc *= f;                                                                          \
+            const V8_##SUF v = __builtin_convertvector(acc, V8_##SUF);                         \
+            memcpy(tile + t * SB, &v, sizeof v);                                               \
+        }                                                                                      \
+        for (long t = t1; t < l; ++t) {  /* every lane's row is left of t */                   \
+            acc *= (double)am[t];                                                              \
+            const V8_##SUF v = __builtin_convertvector(acc, V8_##SUF);                         \
+            memcpy(tile + t * SB, &v, sizeof v);                                               \
+        }                                                                                      \
+        if (trans) {  /* Lb[t][s]: the tile's rows are its columns' pieces */                 \
+            for (long t = 0; t < l; ++t)                                                       \
+                for (long ss = 0; ss < ns; ++ss)                                               \
+                    Lb[t * l + s0 + ss] = t < s0 + ss ? 0 : t == s0 + ss ? 1 : tile[t * SB + ss]; \
+            continue;                                                                          \
+        }                                                                                      \
+        for (long ss = 0; ss < ns; ++ss) {                                                     \
+            const long row = s0 + ss;                                                          \
+            T* Lr = Lb + row * l;                                                              \
+            for (long t = 0; t < row; ++t) Lr[t] = 0;                                          \
+            Lr[row] = 1;                                                                       \
+            for (long t = row + 1; t < l; ++t) Lr[t] = tile[t * SB + ss];                      \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+void ssm_mask_forward_##SUF(const T* RESTRICT scores, const T* RESTRICT a, T* RESTRICT out,   \
+                            long M, long l) {                                                  \
+    T* Lb = (T*)malloc(sizeof(T) * (l * l + l * SB));                                          \
+    const long ll = l * l;                                                                     \
+    for (long m = 0; m < M; ++m) {                                                             \
+        ssm_mask_##SUF(a + m * l, Lb, Lb + ll, l, 0);                                          \
+        const T* sc = scores + m * ll;                                                         \
+        T* o = out + m * ll;                                                                   \
+        _Pragma("omp simd")                                                                    \
+        for (long e = 0; e < ll; ++e) o[e] = sc[e] * Lb[e];                                    \
+    }                                                                                          \
+    free(Lb);                                                                                  \
+}                                                                                              \
+void ssm_mask_backward_##SUF(const T* RESTRICT grad, const T* RESTRICT a,                      \
+                             const T* RESTRICT scores, T* RESTRICT d_scores, T* RESTRICT G,    \
+                             long M, long l, int transposed) {                                 \
+    T* Lb = (T*)malloc(sizeof(T) * (l * l + l * SB));                                          \
+    const long ll = l * l;                                                                     \
+    for (long m = 0; m < M; ++m) {                                                             \
+        ssm_mask_##SUF(a + m * l, Lb, Lb + ll, l, transposed);                                 \
+        const T *g = grad + m * ll, *sc = scores + m * ll;                                     \
+        T *dm = d_scores + m * ll, *Gm = G + m * ll;                                           \
+        if (!transposed) {  /* grad, d_scores and G laid out as L: (s, t) */                   \
+            _Pragma("omp simd")                                                                \
+            for (long e = 0; e < ll; ++e) {                                                    \
+                const T d = g[e] * Lb[e];                                                      \
+                dm[e] = d;                                                                     \
+                Gm[e] = d * sc[e];                                                             \
+            }                                                                                  \
+            continue;                                                                          \
+        }                                                                                      \
+        for (long t = 0; t < l; ++t)  /* grad, d_scores and G (t, s) in memory */              \
+            for (long s = 0; s < l; ++s) {                                                     \
+                const T d = g[t * l + s] * Lb[t * l + s];                                      \
+                dm[t * l + s] = d;                                                             \
+                Gm[t * l + s] = d * sc[s * l + t];                                             \
+            }                                                                                  \
+    }                                                                                          \
+    free(Lb);                                                                                  \
+}
+
+DEFINE_SSM_KERNELS(float, f32)
+DEFINE_SSM_KERNELS(double, f64)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ... import native
 from ._checks import check_arg, check_same, shape_of
 
 __all__ = ["SSD_METHODS", "segsum", "ssd", "ssd_matrix", "ssd_step"]
@@ -170,6 +171,16 @@ def _ssd_quadratic(
     return y, final
 
 
+def _decay_mask_t(A: Tensor) -> Tensor:
+    """The decay mask of :class:`_MaskedScoresT` in its layout: ``A (..., l)`` -> ``(..., l, l)``,
+    ``L^T_st = a_{s+1} ... a_t`` (``a = exp(A)``, a cumulative product along the row) for
+    ``t >= s``, 0 below."""
+    length = A.shape[-1]
+    upper = torch.ones(length, length, dtype=torch.bool, device=A.device)
+    grid = torch.where(upper.triu(1), torch.exp(A)[..., None, :], 1.0)  # a_t for t > s
+    return grid.cumprod_(-1).mul_(upper.triu().to(A.dtype))
+
+
 class _MaskedScoresT(torch.autograd.Function):
     """``scores_t o L^T`` with the decay mask ``L = exp(segsum(A))`` of each chunk, in the
     transposed layout ``(..., s, t)``: ``scores_t (..., l, l)``, ``A (..., l)``.
@@ -185,23 +196,48 @@ class _MaskedScoresT(torch.autograd.Function):
     d cs_j``: two reductions of one tensor instead of autograd's chain of masks, flips and
     cumulative sums. The intra-chunk blocks of the chunked method, and so a training step of
     the ``"ssm"`` attention, spend most of their elementwise time here.
+
+    With the native kernels on (:func:`attention_atlas.native.enabled`, any level) and CPU
+    tensors, each pass is one kernel that forms each chunk's ``L`` in a cache-resident buffer
+    and never writes it out (``ssm_mask_forward``: the product; ``ssm_mask_backward``: ``L``
+    again, ``d scores`` and ``G``, laid out as the incoming gradient, as the products below
+    would be, so that their sums run in the same order). Each entry is the same float
+    operations in the same order as here (the row products accumulated in double, as
+    ``cumprod`` on a CPU does): the same bits, so no new native level.
     """
 
     @staticmethod
     def forward(ctx: Any, scores_t: Tensor, A: Tensor) -> Tensor:
         length = A.shape[-1]
-        upper = torch.ones(length, length, dtype=torch.bool, device=A.device)
-        grid = torch.where(upper.triu(1), torch.exp(A)[..., None, :], 1.0)  # a_t for t > s
-        L = grid.cumprod_(-1).mul_(upper.triu().to(A.dtype))
+        ctx.native = native.active(scores_t, A) and scores_t.shape[-2:] == (length, length)
+        if ctx.native:
+            scores_t, A = scores_t.contiguous(), A.contiguous()
+            out = torch.empty_like(scores_t)
+            native.call("ssm_mask_forward", scores_t, torch.exp(A), out, A.numel() // length,
+                        length)  # fmt: skip
+            ctx.save_for_backward(scores_t, A)  # L is formed again, not kept
+            return out
+        L = _decay_mask_t(A)
         ctx.save_for_backward(scores_t, L)
         return scores_t * L
 
     @staticmethod
     @once_differentiable  # a second derivative through it raises instead of being wrong
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
-        scores_t, L = ctx.saved_tensors
-        d_scores = grad * L
-        G = d_scores * scores_t
+        scores_t, saved = ctx.saved_tensors
+        transposed = grad.transpose(-1, -2).is_contiguous()
+        same = grad.dtype == scores_t.dtype and grad.shape == scores_t.shape
+        if ctx.native and same and native.active(grad) and (transposed or grad.is_contiguous()):
+            # d scores and G laid out as grad (as the products below would be): the same sums
+            d_scores, G, a = torch.empty_like(grad), torch.empty_like(grad), torch.exp(saved)
+            length = saved.shape[-1]
+            native.kernel("ssm_mask_backward", grad.dtype)(
+                grad.data_ptr(), a.data_ptr(), scores_t.data_ptr(), d_scores.data_ptr(),
+                G.data_ptr(), saved.numel() // length, length, int(transposed))  # fmt: skip
+        else:
+            L = _decay_mask_t(saved) if ctx.native else saved
+            d_scores = grad * L
+            G = d_scores * scores_t
         d_cs = G.sum(-2) - G.sum(-1)  # (..., l)
         return d_scores, d_cs.flip(-1).cumsum(-1).flip(-1)  # dA_k = sum_{j >= k} d cs_j
 
