@@ -306,6 +306,8 @@ def _ssd_chunked_blocks(
         y, state = _ssd_chunked(x[:, sl], log_a[:, sl], B[:, sl], C[:, sl], state, chunk_size,
                                 need_final or not last)  # fmt: skip
         ys.append(y)
+    if len(ys) == 1 and ys[0].is_contiguous():  # one block: what cat would copy, as it is
+        return ys[0], state
     return torch.cat(ys, dim=1), state
 
 
