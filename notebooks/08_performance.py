@@ -278,22 +278,23 @@ viz.markdown(steps.compile_sentence(cframes))
 #
 # `TrainConfig(native=True)` (`-o native=true`, `sweep ... --native`) runs the steps of the
 # Riemannian attention, the Fiber Bundle Transformer, the cofactor regulariser's causal heads
-# and the SSM's intra-chunk decay mask through the library's own C kernels (`attention_atlas.native`: compiled on first use with the
-# system's compiler, equal to the PyTorch path in float64 and gradchecked, the PyTorch path
-# wherever they do not apply). A kernel that changes a run's rounding comes at a new level
-# (`native.LEVEL`, recorded with each run as `native_level`), so that a record re-runs exactly at
-# the level that made it: level 1 holds the attention, projection, transport and Gram kernels
-# and the cofactor heads; level 2 adds the Fiber Bundle regularisers (eqs. (31) to (34)) in one
-# kernel per layer, which forms their gradient while the Gram matrices are in cache, the
-# metric strength of the curvature (eq. (21)) in one pass, and the base of the causal scores
-# (the dot-product, norm and curvature terms of eq. (16)) inside the pairwise kernels; level 3
-# forms the cofactor regulariser's fused causal heads with fused multiply-adds. The SSM's
-# kernels need no level: they form each chunk's decay mask in cache and never write it out, but
-# every entry by the same float operations in the same order as the PyTorch path, so a run gives
-# the same bits with them as without (a test holds them to it). The records
-# below time each such step, at the level they name, beside its eager step and the eager
-# dot-product step, in the same interleaved rounds (`bench --train --native`), where they are
-# stored; the quartiles are those of the per-round ratios.
+# and the SSM's intra-chunk decay mask through the library's own C kernels
+# (`attention_atlas.native`: compiled on first use with the system's compiler, equal to the
+# PyTorch path in float64 and gradchecked, the PyTorch path wherever they do not apply). A
+# kernel that changes a run's rounding comes at a new level (`native.LEVEL`, recorded with each
+# run as `native_level`), so that a record re-runs exactly at the level that made it: level 1
+# holds the attention, projection, transport and Gram kernels and the cofactor heads; level 2
+# adds the Fiber Bundle regularisers (eqs. (31) to (34)) in one kernel per layer, which forms
+# their gradient while the Gram matrices are in cache, the metric strength of the curvature
+# (eq. (21)) in one pass, and the base of the causal scores (the dot-product, norm and curvature
+# terms of eq. (16)) inside the pairwise kernels; level 3 forms the cofactor regulariser's fused
+# causal heads with fused multiply-adds. The SSM's kernels need no level: they form each chunk's
+# decay mask in cache and never write it out, but compute every entry by the same float
+# operations in the same order as the PyTorch path, so a run gives the same bits with them as
+# without (a test holds them to it). The records below time each such step, at the level they
+# name, beside its eager step and the eager dot-product step, in the same interleaved rounds
+# (`bench --train --native`), where they are stored; the quartiles are those of the per-round
+# ratios.
 
 # %%
 natives = steps.stored_train(records, "native")
