@@ -176,3 +176,80 @@ def test_relative_residual_vanishes_exactly_for_identical_tokens(gen):
     assert float(linalg.relative_residual(rank1, "rank1")) < 1e-12
     with pytest.raises(ValueError, match="kind must be"):
         linalg.rank_collapse_residual(same, "svd")
+
+
+# ---- batched CPU LU after an explicit thread count (serial_lu) ------------------------------
+
+_LU_AFTER_SET_THREADS = r"""
+import torch
+from attention_atlas import linalg
+from attention_atlas.attention.riemannian.geometry import transport_dense
+from attention_atlas.cofactor.cofactors import lu_cofactors
+from attention_atlas.experiments.riemannian_cost import dense_solve
+
+torch.set_num_threads(1)
+torch.set_num_threads(2)  # an explicit count above one, as the harness's thread restore makes
+g = torch.Generator().manual_seed(0)
+n, b = 192, 4
+U = torch.randn(b, n, 4, generator=g, dtype=torch.float64) / n**0.5
+x = torch.randn(b, n, generator=g, dtype=torch.float64)
+A = torch.softmax(torch.randn(b, n, n, generator=g, dtype=torch.float64), -1)
+a, c = (torch.randn(b, n, 2, generator=g, dtype=torch.float64) / n for _ in range(2))
+got = {
+    "inv": linalg.metric_inverse_dense(U),
+    "solve": dense_solve(U, x),
+    "cofactors": lu_cofactors(A).x,
+    "cayley": transport_dense(a, c, "cayley"),
+}
+assert torch.get_num_threads() == 2
+torch.set_num_threads(1)  # the reference: one matrix at a time, on one thread
+want = {
+    "inv": torch.stack([linalg.metric_inverse_dense(u) for u in U]),
+    "solve": torch.stack([dense_solve(u, v) for u, v in zip(U, x)]),
+    "cofactors": torch.stack([lu_cofactors(m).x for m in A]),
+    "cayley": torch.stack([transport_dense(p, q, "cayley") for p, q in zip(a, c)]),
+}
+for k in got:
+    assert torch.equal(got[k], want[k]), (k, (got[k] - want[k]).abs().max().item())
+print("ok")
+"""
+
+
+def test_batched_lu_after_explicit_thread_count_finishes_and_matches_one_matrix_at_a_time():
+    """torch 2.13's MKL hangs in a batched ``getrf`` of ``n >= ~150`` after
+    ``torch.set_num_threads(2)`` (see :func:`linalg.serial_lu`): the library's batched LU
+    call sites, run in a fresh process after such a call, finish and give the numbers of one
+    matrix at a time on one thread, bit for bit."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _LU_AFTER_SET_THREADS], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    assert "MKL ERROR" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_serial_lu_takes_one_thread_only_where_torch_would_run_getrf_concurrently():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = {}
+        cases = {
+            "batched": torch.zeros(3, 15, 15),
+            "one matrix": torch.zeros(15, 15),
+            "batch of one": torch.zeros(1, 1, 64, 64),
+            "small": torch.zeros(8, 14, 14),
+        }
+        for name, A in cases.items():
+            with linalg.serial_lu(A):
+                seen[name] = torch.get_num_threads()
+            assert torch.get_num_threads() == 2, name  # restored
+        assert seen == {"batched": 1, "one matrix": 2, "batch of one": 2, "small": 2}
+        with pytest.raises(RuntimeError, match="inside"), linalg.serial_lu(torch.zeros(2, 20, 20)):
+            raise RuntimeError("inside")
+        assert torch.get_num_threads() == 2  # restored on an error too
+        torch.set_num_threads(1)
+        with linalg.serial_lu(torch.zeros(3, 20, 20)):
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -17,11 +17,16 @@ Rank and spectrum measures used by several chapters:
   matrix into ``d (d + 1) / 2`` numbers that preserves the Frobenius inner product
   (``<sym_pack(A), sym_pack(B)> = <A, B>_F``), the vectorisation that separates
   ``k^T A k = <A, k k^T>_F`` at the cost of ``d (d + 1) / 2`` dimensions.
+
+:func:`serial_lu` guards the library's batched CPU LU factorisations (``inv``, ``solve``,
+``lu_factor``) against a fault of PyTorch's CPU build: see its docstring.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from functools import lru_cache
 
 import torch
@@ -42,6 +47,7 @@ __all__ = [
     "numerical_rank",
     "rank_collapse_residual",
     "relative_residual",
+    "serial_lu",
     "singular_values",
     "spectral_gap",
     "sym_pack",
@@ -153,7 +159,40 @@ def woodbury_inverse(U: Tensor) -> Tensor:
 
 def metric_inverse_dense(U: Tensor) -> Tensor:
     """``(I + U U^T)^{-1}`` by a dense inverse of the ``d x d`` matrix: the reference."""
-    return torch.linalg.inv(metric_dense(U))
+    g = metric_dense(U)
+    with serial_lu(g):
+        return torch.linalg.inv(g)
+
+
+#: the matrix order above which PyTorch's CPU batched LU runs LAPACK's ``getrf`` on several
+#: threads at once (its grain size, ``3200 / n^3`` matrices per thread, truncates to 0)
+SERIAL_LU_MIN_N = 15
+
+
+@contextlib.contextmanager
+def serial_lu(A: Tensor) -> Iterator[None]:
+    """One intra-op thread while a batched LU of ``A (..., n, n)`` runs on the CPU.
+
+    PyTorch's CPU batched LU (``linalg.inv``, ``solve``, ``lu_factor``) factorises the
+    matrices of a batch on several threads at once once ``n >= 15``; with the MKL of its
+    pip wheels, after any explicit ``torch.set_num_threads(k)`` with ``k > 1`` (which the
+    harness's thread restore makes), these concurrent ``getrf`` calls fail for ``n`` from
+    about 150 ("Intel oneMKL ERROR: Parameter 6 was incorrect on entry to DLASWP") and spin
+    for ever (measured with torch 2.13.0 on an Intel Xeon: ``(4, 160, 160)`` float64 hangs,
+    ``(4, 128, 128)`` and one ``(512, 512)`` matrix do not; pytorch/pytorch#141358, and the
+    grain-size fix proposed in pull request #181570). Inside this context such a call runs
+    on one thread: the same LAPACK call per matrix, so the same numbers. A no-op on other
+    devices, for one matrix, below ``n = 15``, or at one thread already."""
+    threads = torch.get_num_threads()
+    if (A.device.type != "cpu" or threads == 1 or A.shape[-1] < SERIAL_LU_MIN_N
+            or A[..., 0, 0].numel() <= 1):  # fmt: skip
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def metric_logdet(U: Tensor) -> Tensor:

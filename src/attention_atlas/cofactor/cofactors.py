@@ -50,6 +50,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..linalg import serial_lu
+
 __all__ = [
     "METHODS",
     "CofactorResult",
@@ -184,7 +186,8 @@ def _lu_logdet(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     all three: it is False for a NaN or infinite largest pivot, and LAPACK reports a failure
     (``info > 0``) only for an exactly zero pivot, below any positive bound."""
     n = M.shape[-1]
-    LU, piv, _ = torch.linalg.lu_factor_ex(M)  # (..., n, n), (..., n)
+    with serial_lu(M):
+        LU, piv, _ = torch.linalg.lu_factor_ex(M)  # (..., n, n), (..., n)
     piv_abs = LU.diagonal(dim1=-2, dim2=-1).abs()  # (..., n)
     with torch.no_grad():
         lo, hi = piv_abs.aminmax(dim=-1)  # NaN pivots give NaN, and NaN > x is False

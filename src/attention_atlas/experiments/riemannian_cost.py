@@ -37,7 +37,13 @@ from ..attention.riemannian import (
     geodesic_scores_dense,
 )
 from ..bench import compare, count_flops
-from ..linalg import metric_dense, metric_inverse_apply, metric_inverse_dense, woodbury_inverse
+from ..linalg import (
+    metric_dense,
+    metric_inverse_apply,
+    metric_inverse_dense,
+    serial_lu,
+    woodbury_inverse,
+)
 
 __all__ = [
     "chapter_outcomes",
@@ -69,7 +75,9 @@ def rel_error(a: Tensor, b: Tensor) -> float:
 
 def dense_solve(U: Tensor, x: Tensor) -> Tensor:
     """``(I + U U^T)^{-1} x`` by forming the ``(d, d)`` metric and ``torch.linalg.solve``."""
-    return torch.linalg.solve(metric_dense(U), x.unsqueeze(-1)).squeeze(-1)
+    g = metric_dense(U)
+    with serial_lu(g):
+        return torch.linalg.solve(g, x.unsqueeze(-1)).squeeze(-1)
 
 
 # ---- the identities, in float64 ---------------------------------------------------------------

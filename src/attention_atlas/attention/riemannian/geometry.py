@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ... import native
-from ...linalg import metric_inverse_apply
+from ...linalg import metric_inverse_apply, serial_lu
 
 __all__ = [
     "cayley_transport_apply",
@@ -163,7 +163,9 @@ def transport_dense(a: Tensor, b: Tensor, kind: str = "linear") -> Tensor:
     if kind == "linear":
         return eye + delta
     if kind == "cayley":
-        return torch.linalg.solve(eye - delta / 2, eye + delta / 2)
+        lhs = eye - delta / 2
+        with serial_lu(lhs):
+            return torch.linalg.solve(lhs, eye + delta / 2)
     raise ValueError(f"kind must be 'linear' or 'cayley', got {kind!r}")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...linalg import serial_lu
 from ._checks import check_arg, check_same, shape_of
 from .masked import Semiseparable, low_rank_masked_product
 
@@ -83,7 +84,8 @@ def bidiagonal_inverse_generators(A_blocks: Tensor) -> Semiseparable:
     Phi = torch.stack(phi)  # (T, n, n)
     U = Phi.reshape((t1 + 1) * n, n)
     # scalar dynamics: a plain reciprocal (an underflowed product gives inf, not an exception)
-    Phi_inv = 1.0 / Phi if n == 1 else torch.linalg.inv(Phi)
+    with serial_lu(Phi):
+        Phi_inv = 1.0 / Phi if n == 1 else torch.linalg.inv(Phi)
     V = Phi_inv.transpose(-2, -1).reshape((t1 + 1) * n, n)
     return Semiseparable(U, V)
 
