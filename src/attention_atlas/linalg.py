@@ -164,7 +164,7 @@ def metric_inverse_dense(U: Tensor) -> Tensor:
         return torch.linalg.inv(g)
 
 
-#: the matrix order above which PyTorch's CPU batched LU runs LAPACK's ``getrf`` on several
+#: the smallest matrix order at which PyTorch's CPU batched LU runs LAPACK's ``getrf`` on several
 #: threads at once (its grain size, ``3200 / n^3`` matrices per thread, truncates to 0)
 SERIAL_LU_MIN_N = 15
 
