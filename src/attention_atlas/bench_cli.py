@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .bench import bench_attention, format_table
+from .threads import intra_op_threads
 from .validate import (
     ConfigError,
     NonNegativeInt,
@@ -198,14 +199,10 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def _cli_bench(args: argparse.Namespace) -> int:
     options = check_bench_args(args)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with intra_op_threads(args.threads):
         if args.train or args.lengths is not None:
             return _cli_record(args)
         return _cli_attention(args, options)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _cli_record(args: argparse.Namespace) -> int:

@@ -32,6 +32,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from .threads import intra_op_threads
+
 __all__ = [
     "capacitance",
     "composite_norm",
@@ -183,16 +185,12 @@ def serial_lu(A: Tensor) -> Iterator[None]:
     grain-size fix proposed in pull request #181570). Inside this context such a call runs
     on one thread: the same LAPACK call per matrix, so the same numbers. A no-op on other
     devices, for one matrix, below ``n = 15``, or at one thread already."""
-    threads = torch.get_num_threads()
-    if (A.device.type != "cpu" or threads == 1 or A.shape[-1] < SERIAL_LU_MIN_N
+    if (A.device.type != "cpu" or torch.get_num_threads() == 1 or A.shape[-1] < SERIAL_LU_MIN_N
             or A[..., 0, 0].numel() <= 1):  # fmt: skip
         yield
         return
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def metric_logdet(U: Tensor) -> Tensor:

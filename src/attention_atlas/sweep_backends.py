@@ -22,6 +22,7 @@ from typing import Any
 
 from .provenance import environment
 from .records import RESERVED, jsonable
+from .threads import intra_op_threads
 
 __all__ = ["BACKENDS", "CellRun", "WorkerLost", "execute_cell", "make_backend"]
 
@@ -84,10 +85,7 @@ def execute_cell(
     from .train.compiled import compiled_training
     from .train.resumable import resumable_training
 
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         started = time.time()
         t0 = time.perf_counter()
         with (
@@ -109,8 +107,6 @@ def execute_cell(
         if resumable is not None and resumable.resumed:
             env.update(resumed_from=list(resumable.resumed))
             seconds += resumable.carried_s
-    finally:
-        torch.set_num_threads(before)
     if checkpoints is not None:
         shutil.rmtree(checkpoints, ignore_errors=True)
     if not isinstance(metrics, Mapping):

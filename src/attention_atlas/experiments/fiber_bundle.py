@@ -38,6 +38,7 @@ from ..models import (
     metric_factors,
     param_counts,
 )
+from ..threads import intra_op_threads
 from ..train import TrainConfig, evaluate, seed_everything, train
 from ..train.evaluate import cross_entropy
 from .fiber_bundle_analysis import Runs, analyse, explore_window
@@ -370,16 +371,12 @@ def step_timing(
                        for ph in PHASES})  # fmt: skip
     if "cayley" in variants:
         models["fbt_cayley"] = FiberBundleConfig(**base, transport_kind="cayley")
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         torch.manual_seed(0)
         x = torch.randint(0, vocab_size, (batch_size, seq_len))
         fns = {name: _logits_fn(cfg.build()) for name, cfg in models.items()}
         shape = f"batch {batch_size} x {seq_len}, width {dim}, {n_layers} blocks, {n_heads} heads, one CPU thread"
         return compare(fns, "dot", (x,), reps=reps, warmup=1, memory=False, meta={"shape": shape})
-    finally:
-        torch.set_num_threads(threads_before)
 
 
 def step_cost_table(timing: dict[str, Any]) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from ..bench import bench_attention
 from ..bench_records import KINDS, load_bench_kinds, provenance_text, stamp
 from ..bench_scaling import floor_ratio, kernel_scaling, matmul_rate, slopes
 from ..bench_train import bench_train, phase_table, step_flops
+from ..threads import intra_op_threads
 
 __all__ = [
     "GOALS",
@@ -300,12 +301,8 @@ def stored_or_live_train(
 def live_train(variants: list[str], shape: dict[str, int], *, reps: int = 3) -> dict[str, Any]:
     """A small live training-step benchmark (:func:`attention_atlas.bench_train.bench_train`)
     on one thread at a small ``shape``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         return bench_train(variants, shape, reps=reps, warmup=1, profile_steps=3, min_sample_s=0.01)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def stored_kinds(records: dict[str, dict[str, Any]], name: str) -> list[str]:

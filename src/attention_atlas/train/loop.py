@@ -25,6 +25,7 @@ from ..attention.registry import get_regularizer
 from ..data import ArrayTask, TextCorpus, make_sampler
 from ..models import ModelConfig, Transformer, param_counts
 from ..profiling import phase
+from ..threads import intra_op_threads
 from ..validate import ConfigError
 from .checkpoint import (
     Progress,
@@ -110,26 +111,27 @@ def train(
     )
     if cfg.deterministic:
         _set_deterministic(True, warn_only=True)
-    threads_before = torch.get_num_threads()
-    if cfg.num_threads is not None:
-        torch.set_num_threads(cfg.num_threads)
     try:
-        run = _build(model_cfg, cfg, data, device, callbacks or [])
-        if (resume or run.slot) and run.ckpt_path is not None and run.ckpt_path.exists():
-            run.progress = load_checkpoint(
-                run.ckpt_path, device, run.model, run.opt, run.sched, run.sampler, run.configs()
-            )
-            if run.slot is not None:  # a resumable_training block's run, resumed
-                t = run.progress.timing  # the training time before, to the checkpoint
-                run.slot.resumed_at(run.progress.step, t["t_train"] + t["interval_elapsed"])
-        use_native = native.level() or cfg.native  # an enclosing block's level (a record's) wins
-        if use_native and native.library() is None:
-            warnings.warn(f"{native.status()}; the PyTorch paths run", RuntimeWarning, stacklevel=2)
-        with native.enabled(use_native):
-            return _train(run)
+        with intra_op_threads(cfg.num_threads):
+            run = _build(model_cfg, cfg, data, device, callbacks or [])
+            if (resume or run.slot) and run.ckpt_path is not None and run.ckpt_path.exists():
+                run.progress = load_checkpoint(
+                    run.ckpt_path, device, run.model, run.opt, run.sched, run.sampler, run.configs()
+                )
+                if run.slot is not None:  # a resumable_training block's run, resumed
+                    t = run.progress.timing  # the training time before, to the checkpoint
+                    run.slot.resumed_at(run.progress.step, t["t_train"] + t["interval_elapsed"])
+            use_native = (
+                native.level() or cfg.native
+            )  # an enclosing block's level (a record's) wins
+            if use_native and native.library() is None:
+                warnings.warn(
+                    f"{native.status()}; the PyTorch paths run", RuntimeWarning, stacklevel=2
+                )
+            with native.enabled(use_native):
+                return _train(run)
     finally:
         _set_deterministic(*det_before)
-        torch.set_num_threads(threads_before)
         if own_group:
             dist.destroy_process_group()
 
