@@ -382,9 +382,10 @@ viz.explore(
 # a smallest effect of interest declared in `attention_atlas.experiments.matroidal.SESOI`, and
 # stated with its scale: the dot-product arm at the same budget must have left the bigram
 # regime (at most 3 bpc on char-PTB) or be at least halfway from chance to perfect accuracy on
-# digits, or the outcome is *not tested*. The grid comes from the results store
-# (`python -m attention_atlas sweep matroidal --preset book` made it; `--preset long` is the
-# larger grid of section 6).
+# digits, or the outcome is *not tested*. The grid comes from the results store: the `long`
+# preset's grid of section 6 once all its cells are stored, else the book grid
+# (`python -m attention_atlas sweep matroidal --preset book`). The provenance line under each
+# result names the command, commits and machines that made the grid shown.
 
 # %%
 grid_params = {
@@ -494,7 +495,9 @@ movement
 
 # %%
 viz.markdown(
-    analysis.long_preset_text(runs, experiment.PRESETS["long"], experiment.PRESET_SEEDS["long"])
+    analysis.long_preset_text(
+        runs, experiment.PRESETS["long"], experiment.PRESET_SEEDS["long"], shown=grid.provenance
+    )
 )
 
 # %% [markdown]

@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from attention_atlas.experiments import matroidal_analysis as an
 from attention_atlas.experiments import matroidal_checks as checks
 from attention_atlas.experiments import matroidal_verdicts as vd
 from attention_atlas.notebooks import chapter_parameters, chapter_smoke
+from attention_atlas.provenance import Provenance
 from attention_atlas.stats import Interval
 from attention_atlas.sweep import make_cells, run_sweep
 
@@ -357,6 +359,19 @@ def test_long_preset_cost_is_its_steps_times_the_measured_time_per_step():
     text = an.long_preset_text(runs, ex.PRESETS["long"], [0, 1, 2, 3, 4, 5])
     assert f"{len(grid)} configurations x 6 seeds" in text
     assert f"about {hours:.0f} CPU-hours" in text
+    assert "the grid this chapter shows" not in text
+
+
+def test_long_preset_text_says_when_it_describes_the_grid_shown():
+    runs = fake_runs().assign(train_time_s=lambda r: 0.036 * r.steps)
+    prov = Provenance("stored", "matroidal", "long", "results/matroidal/long", ("cmd",), ("abc",),
+                      ("2026-12-01",), ("CPU x, 1 thread(s)",), 840, 40 * 3600.0)  # fmt: skip
+    text = an.long_preset_text(runs, ex.PRESETS["long"], [0, 1], shown=prov)
+    assert "It is the grid this chapter shows: its 840 stored runs took 40.0 h of compute" in text
+    for other in (replace(prov, preset="book"), replace(prov, source="computed")):
+        assert "the grid this chapter shows" not in an.long_preset_text(
+            runs, ex.PRESETS["long"], [0, 1], shown=other
+        )
 
 
 # -- the claims ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .. import viz
+from ..provenance import Provenance, format_duration
 from ..records import time_column
 from ..stats import mean_interval
 from .matroidal import ARMS, CONTROL, HIGHER_IS_BETTER, MATERIAL_CHANGE, SEED_ARM, TASK_METRIC
@@ -281,12 +282,16 @@ def seeds_needed(runs: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def long_preset_text(runs: pd.DataFrame, long: dict[str, Any], seeds: Sequence[int]) -> str:
+def long_preset_text(
+    runs: pd.DataFrame, long: dict[str, Any], seeds: Sequence[int], shown: Provenance | None = None
+) -> str:
     """The long preset ``long`` (parameters over :func:`.matroidal.chapter_grid`'s defaults, as
     ``sweep --preset long`` runs it): its budgets and grid size, the expected metric movement,
     the seeds its comparisons need (:func:`seeds_needed`), and its cost in CPU-hours from the
     per-step training time measured in ``runs`` (median per data set and arm; cells of an arm
-    this grid has no time for use the slowest)."""
+    this grid has no time for use the slowest). ``shown``, the provenance of the grid ``runs``
+    came from: when it is the long preset's own stored grid, the text says so and sets the
+    compute its cells took beside the estimate."""
     from .matroidal import chapter_grid
 
     grid = chapter_grid(**long)
@@ -303,10 +308,15 @@ def long_preset_text(runs: pd.DataFrame, long: dict[str, Any], seeds: Sequence[i
         expect = (f" Its longest budget on `slice_dataset`, {top} steps, puts the matroidal weights' "
                   f"median change at {change * (top / steps) ** slope:.2f} by the fitted power law.")  # fmt: skip
     need = "; ".join(f"{ds} {n}" for ds, n in seeds_needed(runs).items())
+    itself = ""
+    if shown is not None and shown.preset == "long" and shown.source == "stored":
+        itself = (f" It is the grid this chapter shows: its {shown.n_cells} stored runs took "
+                  f"{format_duration(shown.compute_seconds)} of compute in all (the cells' own "
+                  "wall times, on the machines of the provenance line).")  # fmt: skip
     return (
         f"**The long preset**: {', '.join(f'`{k}` = {v}' for k, v in long.items())}; "
-        f"{len(grid)} configurations x {len(seeds)} seeds = {len(grid) * len(seeds)} runs. "
-        f"At the per-step times measured here it takes about {seconds / 3600:.0f} CPU-hours "
-        f"(one thread per run).{expect} Seeds the seed's comparison needs to resolve its "
-        f"smallest effect of interest at the spread seen here: {need or 'unknown'}."
+        f"{len(grid)} configurations x {len(seeds)} seeds = {len(grid) * len(seeds)} runs."
+        f"{itself} At the per-step times measured here it takes about {seconds / 3600:.0f} "
+        f"CPU-hours (one thread per run).{expect} Seeds the seed's comparison needs to resolve "
+        f"its smallest effect of interest at the spread seen here: {need or 'unknown'}."
     )
