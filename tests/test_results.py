@@ -296,3 +296,19 @@ def test_git_state_told_by_the_environment_wins_over_git(
     monkeypatch.setenv("ATTENTION_ATLAS_GIT_DIRTY", "yes")
     with pytest.raises(ValueError, match="expected 0 or 1, got 'yes'"):
         git_state(tmp_path)
+
+
+STORED_GRIDS = sorted(p.parent for p in (REPO / "results").glob("*/*/grid.json"))
+
+
+@pytest.mark.parametrize("folder", STORED_GRIDS, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_every_stored_grid_has_its_table_with_a_row_per_stored_cell(folder: Path) -> None:
+    """The store's per-grid CSV is the cells' own table: one row per cell record, no other
+    (a grid committed without it, or with cells added after it was written, fails)."""
+    import pandas as pd
+
+    csv = folder / "results.csv"
+    assert csv.exists(), f"{folder.relative_to(REPO)} has no results.csv"
+    keys = {r["key"] for r in read_records(folder)}
+    rows = pd.read_csv(csv)
+    assert len(rows) == len(keys) and set(rows["key"]) == keys, folder.relative_to(REPO)
