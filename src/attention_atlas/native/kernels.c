@@ -455,16 +455,61 @@ DEFINE_KERNELS(double, f64)
 #define LANES for (long l = 0; l < TK; ++l)
 #define SIMD_LANES _Pragma("omp simd") LANES
 
+/* dst[i ds + l] = src[l ss + i] for l, i < 16: a 16 x 16 block transposed in vector registers,
+ * four rounds of two-source shuffles (each interleaves rows j and j + 8: after four, a row's
+ * and a column's index bits have traded places). Data movement only: the same numbers. */
+#if defined(__clang__)
+#define SHUFFLE_LO(a, b) __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
+#define SHUFFLE_HI(a, b) __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)
+#else
+#define SHUFFLE_LO(a, b) __builtin_shuffle(a, b, lo)
+#define SHUFFLE_HI(a, b) __builtin_shuffle(a, b, hi)
+#endif
+typedef int M16_f32 __attribute__((vector_size(64)));
+typedef long long M16_f64 __attribute__((vector_size(128)));
+#define DEFINE_TRANSPOSE(T, SUF)                                                               \
+static inline __attribute__((always_inline)) void transpose16_##SUF(                           \
+        const T* RESTRICT src, long ss, T* RESTRICT dst, long ds) {                            \
+    const M16_##SUF lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};             \
+    const M16_##SUF hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};       \
+    (void)lo; (void)hi;                                                                        \
+    V16_##SUF v[16], w[16];                                                                    \
+    for (long l = 0; l < 16; ++l) memcpy(&v[l], src + l * ss, sizeof v[l]);                   \
+    for (int round = 0; round < 4; ++round) {                                                  \
+        for (long j = 0; j < 8; ++j) {                                                         \
+            w[2 * j] = SHUFFLE_LO(v[j], v[j + 8]);                                             \
+            w[2 * j + 1] = SHUFFLE_HI(v[j], v[j + 8]);                                         \
+        }                                                                                      \
+        memcpy(v, w, sizeof v);                                                                \
+    }                                                                                          \
+    for (long i = 0; i < 16; ++i) memcpy(dst + i * ds, &v[i], sizeof v[i]);                   \
+}
+DEFINE_TRANSPOSE(float, f32)
+DEFINE_TRANSPOSE(double, f64)
+
 #define DEFINE_TOKEN_KERNELS(T, SUF)                                                           \
                                                                                                \
-/* copy rows [n0, n0 + nb) of a (N, w) array into (w, TK), zero-padded; and back */            \
+/* copy rows [n0, n0 + nb) of a (N, w) array into (w, TK), zero-padded; and back. A block of  \
+   TK = 16 whole rows with w a multiple of 16 goes as 16 x 16 transposes (transpose16: the     \
+   scalar copy below, which the compiler does not vectorise for w = 64, cost more than the    \
+   arithmetic of the kernels that stage U) */                                                  \
 static inline void stage_##SUF(const T* RESTRICT src, long n0, long nb, long w, T* RESTRICT dst) { \
+    if (nb == TK && TK == 16 && w % 16 == 0) {                                                 \
+        for (long i0 = 0; i0 < w; i0 += 16)                                                    \
+            transpose16_##SUF(src + n0 * w + i0, w, dst + i0 * TK, TK);                        \
+        return;                                                                                \
+    }                                                                                          \
     for (long l = 0; l < nb; ++l)                                                              \
         for (long i = 0; i < w; ++i) dst[i * TK + l] = src[(n0 + l) * w + i];                  \
     for (long l = nb; l < TK; ++l)                                                             \
         for (long i = 0; i < w; ++i) dst[i * TK + l] = 0;                                      \
 }                                                                                              \
 static inline void unstage_##SUF(const T* RESTRICT src, long n0, long nb, long w, T* RESTRICT dst) { \
+    if (nb == TK && TK == 16 && w % 16 == 0) {                                                 \
+        for (long i0 = 0; i0 < w; i0 += 16)                                                    \
+            transpose16_##SUF(src + i0 * TK, TK, dst + n0 * w + i0, w);                        \
+        return;                                                                                \
+    }                                                                                          \
     for (long l = 0; l < nb; ++l)                                                              \
         for (long i = 0; i < w; ++i) dst[(n0 + l) * w + i] = src[i * TK + l];                  \
 }                                                                                              \
