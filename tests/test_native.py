@@ -232,6 +232,63 @@ def test_native_functions_pass_gradcheck(name: str) -> None:
     assert torch.autograd.gradcheck(fn, args)
 
 
+# -- the skew kernels 16 tokens at a time, as vector lanes (head dimension 16) -----------------
+
+#: 21 tokens (a block of 16 and a tail of 5) of (B, Q, H) = (1, 3, 7), two pairs of rank 2
+_LANES = (1, 3, 7, 2, 2, 16)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_skew_lanes_pass_gradcheck(strided: bool) -> None:
+    """The skew kernels' lane path (d = 16) passes gradcheck, x contiguous or a transposed view."""
+    assert NF.SKEW_LANES == 1
+    b, q, h, pairs, r, d = _LANES
+    g = torch.Generator().manual_seed(11)
+    wt = torch.randn(b, q, h, 2 * pairs, r, d, dtype=DT, generator=g).requires_grad_()
+    w = torch.rand(pairs, dtype=DT, generator=g).requires_grad_()
+    shape = (b, h, q, d) if strided else (b, q, h, d)  # strided: (B, H, Q, d) read as (B, Q, H, d)
+    x = torch.randn(shape, dtype=DT, generator=g).requires_grad_()
+
+    def fn(wt, x, w):  # type: ignore[no-untyped-def]
+        return NF.SkewFactorsApply.apply(x.transpose(1, 2) if strided else x, w, wt)
+
+    assert torch.autograd.gradcheck(fn, [wt, x, w])
+
+
+def _skew_kernels(wt, x, w, gy, lanes: int):  # type: ignore[no-untyped-def]
+    """``(y, dwt, dx, dw)`` of the skew kernels called directly, on either path."""
+    *_, p2, r, d = wt.shape
+    ptrs, fs = NF._pair_pointers([wt], p2 // 2)
+    tokens = NF._tokens(x, x.numel() // d)
+    y, dwt, dx = torch.empty(x.shape, dtype=x.dtype), torch.empty_like(wt), torch.empty_like(x)
+    dw = torch.zeros(p2 // 2, dtype=torch.float64)
+    native.call("skew_forward", ptrs.data_ptr(), x.data_ptr(), w, y, *tokens, p2 // 2, r, d, fs,
+                lanes)  # fmt: skip
+    dptrs, _ = NF._pair_pointers([dwt], p2 // 2)
+    native.call("skew_backward", ptrs.data_ptr(), x.data_ptr(), gy, w, dptrs.data_ptr(),
+                dx.data_ptr(), dw, *tokens, p2 // 2, r, d, fs, lanes)  # fmt: skip
+    return y, dwt, dx, dw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [_LANES, (8, 64, 4, 2, 2, 16), (2, 5, 3, 1, 4, 16)])
+def test_skew_lanes_equal_the_token_path(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """The lane path against the token-by-token path: the float build bit for bit (training runs
+    keep their bits), the double build to 1e-12 (its token sums are vectorised); x a view."""
+    b, q, h, pairs, r, d = shape
+    g = torch.Generator().manual_seed(12)
+    wt = torch.randn(b, q, h, 2 * pairs, r, d, dtype=dtype, generator=g)
+    x = torch.randn(b, h, q, d, dtype=dtype, generator=g).transpose(1, 2)
+    w = torch.rand(pairs, dtype=dtype, generator=g) + 0.5
+    gy = torch.randn(b, q, h, d, dtype=dtype, generator=g)
+    token, lanes = (_skew_kernels(wt, x, w, gy, on) for on in (0, 1))
+    for a, c in zip(token, lanes):
+        if dtype == torch.float32:
+            assert torch.equal(a, c)
+        else:
+            torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-12 * (1 + float(a.abs().max())))
+
+
 def _fbt(seed: int = 0) -> torch.nn.Module:
     from attention_atlas.models import FiberBundleConfig, fbt_attentions
 

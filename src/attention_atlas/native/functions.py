@@ -205,6 +205,14 @@ class WoodburyApply(torch.autograd.Function):
         return d_ut, dx
 
 
+#: the skew kernels' path for head dimension 16: 16 tokens per pass as the lanes of vector
+#: values (1), or token by token (0). The float build gives the same bits either way (each sum
+#: over the head dimension a chain in the order c = 0..15, ``dw`` summed token by token: tested);
+#: the double build's token-by-token sums are vectorised by the compiler, so its last bits differ
+#: (no run trains in float64)
+SKEW_LANES = 1
+
+
 class SkewFactorsApply(torch.autograd.Function):
     """``x + sum_p w_p (L_p R_p^T - R_p L_p^T) x`` per token: ``x (B, Q, H, d)`` (any strides
     with ``d`` contiguous: a transposed view is read in place), ``w (P,)`` and the pairs'
@@ -219,7 +227,7 @@ class SkewFactorsApply(torch.autograd.Function):
         wc = w.detach().contiguous()
         ptrs, fs = _pair_pointers(factors, w.shape[0])
         call("skew_forward", ptrs.data_ptr(), x.data_ptr(), wc, y, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0],
-             r, d, fs)  # fmt: skip
+             r, d, fs, SKEW_LANES)  # fmt: skip
         ctx.save_for_backward(x, wc, *factors)
         return y
 
@@ -233,7 +241,8 @@ class SkewFactorsApply(torch.autograd.Function):
         ptrs, fs = _pair_pointers(factors, w.shape[0])
         dptrs, _ = _pair_pointers(d_factors, w.shape[0])
         call("skew_backward", ptrs.data_ptr(), x.data_ptr(), g.contiguous(), w, dptrs.data_ptr(),
-             dx.data_ptr(), dw, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0], r, d, fs)  # fmt: skip
+             dx.data_ptr(), dw, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0], r, d, fs,
+             SKEW_LANES)  # fmt: skip
         return (dx, dw.to(w.dtype), *d_factors)
 
 

@@ -487,6 +487,44 @@ static inline __attribute__((always_inline)) void transpose16_##SUF(            
 DEFINE_TRANSPOSE(float, f32)
 DEFINE_TRANSPOSE(double, f64)
 
+/* Level 4: 16 tokens at a time as the lanes of vector values, rows gathered from (and scattered
+ * to) arbitrary addresses. rows_in: v[i] lane l = row[l][i] (i < 16; a lane past nb reads
+ * zeros); rows_out: row[l][i] = v[i] lane l for l < nb. */
+#define DEFINE_ROW_LANES(T, SUF)                                                                \
+static inline __attribute__((always_inline)) void shuffle_rounds_##SUF(V16_##SUF v[16]) {     \
+    const M16_##SUF lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};             \
+    const M16_##SUF hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};       \
+    (void)lo; (void)hi;                                                                        \
+    V16_##SUF w[16];                                                                           \
+    for (int round = 0; round < 4; ++round) {                                                  \
+        for (long j = 0; j < 8; ++j) {                                                         \
+            w[2 * j] = SHUFFLE_LO(v[j], v[j + 8]);                                             \
+            w[2 * j + 1] = SHUFFLE_HI(v[j], v[j + 8]);                                         \
+        }                                                                                      \
+        memcpy(v, w, sizeof w);                                                                \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void rows_in_##SUF(                               \
+        const T* const* rows, long nb, V16_##SUF v[16]) {                                      \
+    for (long l = 0; l < 16; ++l) {                                                            \
+        if (l < nb) memcpy(&v[l], rows[l], sizeof v[l]);                                       \
+        else v[l] = (V16_##SUF){0};                                                            \
+    }                                                                                          \
+    shuffle_rounds_##SUF(v);                                                                   \
+}                                                                                              \
+static inline __attribute__((always_inline)) void rows_out_##SUF(                              \
+        V16_##SUF v[16], long nb, T* const* rows) {                                            \
+    shuffle_rounds_##SUF(v);                                                                   \
+    for (long l = 0; l < nb; ++l) memcpy(rows[l], &v[l], sizeof v[l]);                         \
+}                                                                                              \
+/* rows of 16 numbers at base + (n0 + l) stride + off, for l < nb */                           \
+static inline __attribute__((always_inline)) void strided_rows_##SUF(                          \
+        const T* base, long n0, long nb, long stride, long off, const T* rows[16]) {           \
+    for (long l = 0; l < nb; ++l) rows[l] = base + (n0 + l) * stride + off;                    \
+}
+DEFINE_ROW_LANES(float, f32)
+DEFINE_ROW_LANES(double, f64)
+
 #define DEFINE_TOKEN_KERNELS(T, SUF)                                                           \
                                                                                                \
 /* copy rows [n0, n0 + nb) of a (N, w) array into (w, TK), zero-padded; and back. A block of  \
@@ -758,6 +796,95 @@ static inline __attribute__((always_inline)) void skew_backward_body_##SUF(     
             }                                                                                  \
             dw[p] += dwp;                                                                      \
         }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* skew_forward_body and skew_backward_body for d = 16 at level 4: 16 tokens per pass as vector \
+   lanes (rows gathered by rows_in: the tokens' x at their strides, each factor row), every    \
+   sum over c a chain of multiply-adds per lane in the order c = 0..15 (no horizontal sums);   \
+   dw_p's per-lane sums are added in lane order */                                             \
+static inline __attribute__((always_inline)) void skew_token_rows_##SUF(                       \
+        const T* x, long n0, long nb, long Q, long H, long sb, long sl, long sh,               \
+        const T* rows[16]) {                                                                   \
+    for (long l = 0; l < nb; ++l) {                                                            \
+        const long n = n0 + l, b = n / (Q * H), q = n / H % Q, h = n % H;                      \
+        rows[l] = x + b * sb + q * sl + h * sh;                                                \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(                    \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
+        long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
+    const long N = B * Q * H;                                                                  \
+    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
+        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+        const T* rows[16];                                                                     \
+        V16_##SUF X[16], Y[16], Lt[16], Rt[16];                                                \
+        skew_token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                              \
+        rows_in_##SUF(rows, nb, X);                                                            \
+        for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T wp = w[p];                                                                 \
+            for (long t = 0; t < r; ++t) {                                                     \
+                strided_rows_##SUF(wts[p], n0, nb, fs, t * 16, rows);                          \
+                rows_in_##SUF(rows, nb, Lt);                                                   \
+                strided_rows_##SUF(wts[p], n0, nb, fs, (r + t) * 16, rows);                    \
+                rows_in_##SUF(rows, nb, Rt);                                                   \
+                V16_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                \
+                for (long c = 1; c < 16; ++c) { cl += Lt[c] * X[c]; cr += Rt[c] * X[c]; }      \
+                cl *= wp; cr *= wp;                                                            \
+                for (long c = 0; c < 16; ++c) Y[c] += cr * Lt[c] - cl * Rt[c];                 \
+            }                                                                                  \
+        }                                                                                      \
+        T* out[16];                                                                            \
+        for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
+        rows_out_##SUF(Y, nb, out);                                                            \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void skew_backward_lanes_##SUF(                   \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, \
+        T* const* RESTRICT dwts, T* RESTRICT dx, double* dw,                                   \
+        long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
+    const long N = B * Q * H;                                                                  \
+    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
+        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+        const T* rows[16];                                                                     \
+        T* out[16];                                                                            \
+        V16_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                        \
+        skew_token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                              \
+        rows_in_##SUF(rows, nb, X);                                                            \
+        strided_rows_##SUF(g, n0, nb, 16, 0, rows);                                            \
+        rows_in_##SUF(rows, nb, G);                                                            \
+        for (long c = 0; c < 16; ++c) DX[c] = G[c];                                            \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T wp = w[p];                                                                 \
+            V16_##SUF dwp = {0};                                                               \
+            for (long t = 0; t < r; ++t) {                                                     \
+                strided_rows_##SUF(wts[p], n0, nb, fs, t * 16, rows);                          \
+                rows_in_##SUF(rows, nb, Lt);                                                   \
+                strided_rows_##SUF(wts[p], n0, nb, fs, (r + t) * 16, rows);                    \
+                rows_in_##SUF(rows, nb, Rt);                                                   \
+                V16_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                \
+                V16_##SUF el = Lt[0] * G[0], er = Rt[0] * G[0];                                \
+                for (long c = 1; c < 16; ++c) {                                                \
+                    cl += Lt[c] * X[c]; cr += Rt[c] * X[c];                                    \
+                    el += Lt[c] * G[c]; er += Rt[c] * G[c];                                    \
+                }                                                                              \
+                dwp += el * cr - er * cl;                                                      \
+                for (long c = 0; c < 16; ++c) {                                                \
+                    DX[c] -= wp * (er * Lt[c] - el * Rt[c]);                                   \
+                    DL[c] = wp * (cr * G[c] - er * X[c]);                                      \
+                    DR[c] = wp * (el * X[c] - cl * G[c]);                                      \
+                }                                                                              \
+                for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + t * 16;       \
+                rows_out_##SUF(DL, nb, out);                                                   \
+                for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + (r + t) * 16; \
+                rows_out_##SUF(DR, nb, out);                                                   \
+            }                                                                                  \
+            for (long l = 0; l < nb; ++l) dw[p] += dwp[l];  /* token by token, in order */     \
+        }                                                                                      \
+        skew_token_rows_##SUF(dx, n0, nb, Q, H, sb, sl, sh, rows);                             \
+        for (long l = 0; l < nb; ++l) out[l] = (T*)rows[l];                                    \
+        rows_out_##SUF(DX, nb, out);                                                           \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
@@ -1068,13 +1195,21 @@ void woodbury_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T*
     if (r == 8 && d == 16) { woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, 8, 16); return; }\
     woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, r, d);                                 \
 }                                                                                              \
-void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs) {\
+void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
+    if (lanes && d == 16) {  /* level 4 */                                                     \
+        if (r == 2) { skew_forward_lanes_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, fs); return; }\
+        skew_forward_lanes_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, fs); return;         \
+    }                                                                                          \
     if (r == 2 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
     if (r == 4 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 4, 16, fs); return; }\
     if (r == 8 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 8, 16, fs); return; }\
     skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, d, fs);                       \
 }                                                                                              \
-void skew_backward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs) {\
+void skew_backward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
+    if (lanes && d == 16) {  /* level 4 */                                                     \
+        if (r == 2) { skew_backward_lanes_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, fs); return; }\
+        skew_backward_lanes_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, r, fs); return;\
+    }                                                                                          \
     if (r == 2 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
     if (r == 4 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 4, 16, fs); return; }\
     if (r == 8 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 8, 16, fs); return; }\
