@@ -241,7 +241,7 @@ _LANES = (1, 3, 7, 2, 2, 16)
 @pytest.mark.parametrize("strided", [False, True])
 def test_skew_lanes_pass_gradcheck(strided: bool) -> None:
     """The skew kernels' lane path (d = 16) passes gradcheck, x contiguous or a transposed view."""
-    assert NF.SKEW_LANES == 1
+    assert NF.TOKEN_LANES == 1
     b, q, h, pairs, r, d = _LANES
     g = torch.Generator().manual_seed(11)
     wt = torch.randn(b, q, h, 2 * pairs, r, d, dtype=DT, generator=g).requires_grad_()
@@ -268,6 +268,48 @@ def _skew_kernels(wt, x, w, gy, lanes: int):  # type: ignore[no-untyped-def]
     native.call("skew_backward", ptrs.data_ptr(), x.data_ptr(), gy, w, dptrs.data_ptr(),
                 dx.data_ptr(), dw, *tokens, p2 // 2, r, d, fs, lanes)  # fmt: skip
     return y, dwt, dx, dw
+
+
+def test_projection_lanes_pass_gradcheck() -> None:
+    """The metric-aware projection's lane path (d = 16): queries a (B, H, L, d) view of a
+    (B, L, H, d) tensor (21 tokens: a block and a tail), keys contiguous."""
+    g = torch.Generator().manual_seed(13)
+    args = [torch.randn(s, dtype=DT, generator=g).requires_grad_()
+            for s in [(21, 3, 16), (), (1, 7, 3, 16), (21, 16)]]  # fmt: skip
+
+    def fn(ut, s, x, k):  # type: ignore[no-untyped-def]
+        return NF.MetricProjection.apply(ut, s, x.transpose(1, 2), k)
+
+    assert torch.autograd.gradcheck(fn, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("shape", "r"), [((1, 3, 7), 3), ((8, 4, 64), 4), ((2, 2, 5), 2)])
+def test_projection_lanes_equal_the_token_path(
+    dtype: torch.dtype, shape: tuple[int, int, int], r: int
+) -> None:
+    """The lane path against the token-by-token path, forward and backward (the factor's
+    gradient accumulated over two calls, as the backward of a query and a key does): the float
+    build bit for bit, the double build to 1e-12."""
+    b, h, seq = shape
+    n = b * h * seq
+    g = torch.Generator().manual_seed(14)
+    ut = torch.randn(n, r, 16, dtype=dtype, generator=g)
+    x = torch.randn(b, seq, h, 16, dtype=dtype, generator=g).transpose(1, 2)  # a view
+    gy = [torch.randn(n, 16, dtype=dtype, generator=g) for _ in range(2)]
+    outs = []
+    for lanes in (0, 1):
+        y, dx = torch.empty(n, 16, dtype=dtype), torch.empty(n, 16, dtype=dtype)
+        dut = torch.zeros_like(ut)
+        native.call("projection_forward", ut, x.data_ptr(), y, *NF._tokens(x, n), r, 16, 0.3, lanes)
+        ds = [native.call("projection_backward", ut, x.data_ptr(), gk, dx, dut, *NF._tokens(x, n),
+                          r, 16, 0.3, lanes) for gk in gy]  # fmt: skip
+        outs.append((y, dx, dut, torch.tensor(ds, dtype=torch.float64)))
+    for a, c in zip(*outs):
+        if dtype == torch.float32:
+            assert torch.equal(a, c)
+        else:
+            torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-12 * (1 + float(a.abs().max())))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

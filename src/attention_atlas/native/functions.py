@@ -138,6 +138,15 @@ class PairwiseTerms(torch.autograd.Function):
         return d_ut, d_x, None
 
 
+#: the path of the per-token kernels of :class:`MetricProjection` and :class:`SkewFactorsApply`
+#: for head dimension 16: 16 tokens per pass as the lanes of vector values (1), or token by
+#: token (0). The float build gives the same bits either way (each sum over the head dimension a
+#: chain in the order c = 0..15, the scalar gradients summed token by token: tested); the double
+#: build's token-by-token sums are vectorised by the compiler, so its last bits differ (no run
+#: trains in float64)
+TOKEN_LANES = 1
+
+
 class MetricProjection(torch.autograd.Function):
     """``x + s U (U^T x)`` for each ``x`` under the same ``ut = U^T (N, r, d)``, ``s ()``: each
     ``x`` either ``(N, d)`` contiguous or a ``(B, H, L, d)`` view with ``B H L = N`` and ``d``
@@ -150,7 +159,8 @@ class MetricProjection(torch.autograd.Function):
         ys = []
         for x in xs:
             y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            call("projection_forward", ut, x.data_ptr(), y, *_tokens(x, n), r, d, float(s))
+            call("projection_forward", ut, x.data_ptr(), y, *_tokens(x, n), r, d, float(s),
+                 TOKEN_LANES)  # fmt: skip
             ys.append(y)
         ctx.save_for_backward(ut, s, *xs)
         return tuple(ys)
@@ -167,7 +177,7 @@ class MetricProjection(torch.autograd.Function):
                 continue
             dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             ds += float(call("projection_backward", ut, x.data_ptr(), g.contiguous(), dx, d_ut,
-                             *_tokens(x, n), r, d, float(s)) or 0.0)  # fmt: skip
+                             *_tokens(x, n), r, d, float(s), TOKEN_LANES) or 0.0)  # fmt: skip
             dxs.append(dx)
         return (d_ut, s.new_tensor(ds).reshape(s.shape), *dxs)
 
@@ -205,14 +215,6 @@ class WoodburyApply(torch.autograd.Function):
         return d_ut, dx
 
 
-#: the skew kernels' path for head dimension 16: 16 tokens per pass as the lanes of vector
-#: values (1), or token by token (0). The float build gives the same bits either way (each sum
-#: over the head dimension a chain in the order c = 0..15, ``dw`` summed token by token: tested);
-#: the double build's token-by-token sums are vectorised by the compiler, so its last bits differ
-#: (no run trains in float64)
-SKEW_LANES = 1
-
-
 class SkewFactorsApply(torch.autograd.Function):
     """``x + sum_p w_p (L_p R_p^T - R_p L_p^T) x`` per token: ``x (B, Q, H, d)`` (any strides
     with ``d`` contiguous: a transposed view is read in place), ``w (P,)`` and the pairs'
@@ -227,7 +229,7 @@ class SkewFactorsApply(torch.autograd.Function):
         wc = w.detach().contiguous()
         ptrs, fs = _pair_pointers(factors, w.shape[0])
         call("skew_forward", ptrs.data_ptr(), x.data_ptr(), wc, y, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0],
-             r, d, fs, SKEW_LANES)  # fmt: skip
+             r, d, fs, TOKEN_LANES)  # fmt: skip
         ctx.save_for_backward(x, wc, *factors)
         return y
 
@@ -242,7 +244,7 @@ class SkewFactorsApply(torch.autograd.Function):
         dptrs, _ = _pair_pointers(d_factors, w.shape[0])
         call("skew_backward", ptrs.data_ptr(), x.data_ptr(), g.contiguous(), w, dptrs.data_ptr(),
              dx.data_ptr(), dw, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0], r, d, fs,
-             SKEW_LANES)  # fmt: skip
+             TOKEN_LANES)  # fmt: skip
         return (dx, dw.to(w.dtype), *d_factors)
 
 

@@ -465,33 +465,15 @@ DEFINE_KERNELS(double, f64)
 #define SHUFFLE_LO(a, b) __builtin_shuffle(a, b, lo)
 #define SHUFFLE_HI(a, b) __builtin_shuffle(a, b, hi)
 #endif
+/* The float helpers are inlined (their vectors stay in registers); the double ones, at twice
+ * the width and on no training path, are called: inlining them everywhere tripled the build's
+ * compile time (28 s against 92 s with gcc -O3 on one core), for no run's benefit. */
+#define INLINE_F32 inline __attribute__((always_inline))
+#define INLINE_F64 __attribute__((noinline))
 typedef int M16_f32 __attribute__((vector_size(64)));
 typedef long long M16_f64 __attribute__((vector_size(128)));
-#define DEFINE_TRANSPOSE(T, SUF)                                                               \
-static inline __attribute__((always_inline)) void transpose16_##SUF(                           \
-        const T* RESTRICT src, long ss, T* RESTRICT dst, long ds) {                            \
-    const M16_##SUF lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};             \
-    const M16_##SUF hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};       \
-    (void)lo; (void)hi;                                                                        \
-    V16_##SUF v[16], w[16];                                                                    \
-    for (long l = 0; l < 16; ++l) memcpy(&v[l], src + l * ss, sizeof v[l]);                   \
-    for (int round = 0; round < 4; ++round) {                                                  \
-        for (long j = 0; j < 8; ++j) {                                                         \
-            w[2 * j] = SHUFFLE_LO(v[j], v[j + 8]);                                             \
-            w[2 * j + 1] = SHUFFLE_HI(v[j], v[j + 8]);                                         \
-        }                                                                                      \
-        memcpy(v, w, sizeof v);                                                                \
-    }                                                                                          \
-    for (long i = 0; i < 16; ++i) memcpy(dst + i * ds, &v[i], sizeof v[i]);                   \
-}
-DEFINE_TRANSPOSE(float, f32)
-DEFINE_TRANSPOSE(double, f64)
-
-/* Level 4: 16 tokens at a time as the lanes of vector values, rows gathered from (and scattered
- * to) arbitrary addresses. rows_in: v[i] lane l = row[l][i] (i < 16; a lane past nb reads
- * zeros); rows_out: row[l][i] = v[i] lane l for l < nb. */
-#define DEFINE_ROW_LANES(T, SUF)                                                                \
-static inline __attribute__((always_inline)) void shuffle_rounds_##SUF(V16_##SUF v[16]) {     \
+#define DEFINE_TRANSPOSE(T, SUF, INLINE)                                                       \
+static INLINE void shuffle_rounds_##SUF(V16_##SUF v[16]) {                                     \
     const M16_##SUF lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};             \
     const M16_##SUF hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};       \
     (void)lo; (void)hi;                                                                        \
@@ -504,7 +486,21 @@ static inline __attribute__((always_inline)) void shuffle_rounds_##SUF(V16_##SUF
         memcpy(v, w, sizeof w);                                                                \
     }                                                                                          \
 }                                                                                              \
-static inline __attribute__((always_inline)) void rows_in_##SUF(                               \
+static INLINE void transpose16_##SUF(                                                          \
+        const T* RESTRICT src, long ss, T* RESTRICT dst, long ds) {                            \
+    V16_##SUF v[16];                                                                           \
+    for (long l = 0; l < 16; ++l) memcpy(&v[l], src + l * ss, sizeof v[l]);                   \
+    shuffle_rounds_##SUF(v);                                                                   \
+    for (long i = 0; i < 16; ++i) memcpy(dst + i * ds, &v[i], sizeof v[i]);                   \
+}
+DEFINE_TRANSPOSE(float, f32, INLINE_F32)
+DEFINE_TRANSPOSE(double, f64, INLINE_F64)
+
+/* Level 4: 16 tokens at a time as the lanes of vector values, rows gathered from (and scattered
+ * to) arbitrary addresses. rows_in: v[i] lane l = row[l][i] (i < 16; a lane past nb reads
+ * zeros); rows_out: row[l][i] = v[i] lane l for l < nb. */
+#define DEFINE_ROW_LANES(T, SUF, INLINE)                                                       \
+static INLINE void rows_in_##SUF(                                                              \
         const T* const* rows, long nb, V16_##SUF v[16]) {                                      \
     for (long l = 0; l < 16; ++l) {                                                            \
         if (l < nb) memcpy(&v[l], rows[l], sizeof v[l]);                                       \
@@ -512,7 +508,7 @@ static inline __attribute__((always_inline)) void rows_in_##SUF(                
     }                                                                                          \
     shuffle_rounds_##SUF(v);                                                                   \
 }                                                                                              \
-static inline __attribute__((always_inline)) void rows_out_##SUF(                              \
+static INLINE void rows_out_##SUF(                                                             \
         V16_##SUF v[16], long nb, T* const* rows) {                                            \
     shuffle_rounds_##SUF(v);                                                                   \
     for (long l = 0; l < nb; ++l) memcpy(rows[l], &v[l], sizeof v[l]);                         \
@@ -522,8 +518,8 @@ static inline __attribute__((always_inline)) void strided_rows_##SUF(           
         const T* base, long n0, long nb, long stride, long off, const T* rows[16]) {           \
     for (long l = 0; l < nb; ++l) rows[l] = base + (n0 + l) * stride + off;                    \
 }
-DEFINE_ROW_LANES(float, f32)
-DEFINE_ROW_LANES(double, f64)
+DEFINE_ROW_LANES(float, f32, INLINE_F32)
+DEFINE_ROW_LANES(double, f64, INLINE_F64)
 
 #define DEFINE_TOKEN_KERNELS(T, SUF)                                                           \
                                                                                                \
@@ -633,6 +629,81 @@ static inline __attribute__((always_inline)) double projection_backward_body_##S
             }                                                                                  \
         }                                                                                      \
         ds += dsn;                                                                             \
+    }                                                                                          \
+    return ds;                                                                                 \
+}                                                                                              \
+                                                                                               \
+/* projection_forward_body and projection_backward_body for d = 16, 16 tokens per pass as    \
+   vector lanes (as the skew kernels: the same operations per token in the same order) */     \
+static inline __attribute__((always_inline)) void projection_token_rows_##SUF(                 \
+        const T* x, long n0, long nb, long H, long L, long sb, long sh, long sl,               \
+        const T* rows[16]) {                                                                   \
+    long b = n0 / (H * L), h = n0 / L % H, t = n0 % L;  /* then counted, not divided */      \
+    for (long l = 0; l < nb; ++l) {                                                            \
+        rows[l] = x + b * sb + h * sh + t * sl;                                                \
+        if (++t == L) { t = 0; if (++h == H) { h = 0; ++b; } }                                 \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void projection_forward_lanes_##SUF(              \
+        const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L,      \
+        long sb, long sh, long sl, long r, double s_) {                                        \
+    const T s = (T)s_;                                                                         \
+    const long N = B * H * L;                                                                  \
+    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
+        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+        const T* rows[16];                                                                     \
+        T* out[16];                                                                            \
+        V16_##SUF X[16], Y[16], Ut[16];                                                        \
+        projection_token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                        \
+        rows_in_##SUF(rows, nb, X);                                                            \
+        for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
+        for (long t = 0; t < r; ++t) {                                                         \
+            strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
+            rows_in_##SUF(rows, nb, Ut);                                                       \
+            V16_##SUF acc = Ut[0] * X[0];                                                      \
+            for (long c = 1; c < 16; ++c) acc += Ut[c] * X[c];                                 \
+            acc *= s;                                                                          \
+            for (long c = 0; c < 16; ++c) Y[c] += acc * Ut[c];                                 \
+        }                                                                                      \
+        for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
+        rows_out_##SUF(Y, nb, out);                                                            \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) double projection_backward_lanes_##SUF(           \
+        const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx,        \
+        T* RESTRICT dut, long B, long H, long L, long sb, long sh, long sl, long r,            \
+        double s_) {                                                                           \
+    const T s = (T)s_;                                                                         \
+    const long N = B * H * L;                                                                  \
+    double ds = 0;                                                                             \
+    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
+        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+        const T* rows[16];                                                                     \
+        T* out[16];                                                                            \
+        V16_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                             \
+        projection_token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                        \
+        rows_in_##SUF(rows, nb, X);                                                            \
+        strided_rows_##SUF(g, n0, nb, 16, 0, rows);                                            \
+        rows_in_##SUF(rows, nb, G);                                                            \
+        for (long c = 0; c < 16; ++c) DX[c] = G[c];                                            \
+        for (long t = 0; t < r; ++t) {                                                         \
+            strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
+            rows_in_##SUF(rows, nb, Ut);                                                       \
+            strided_rows_##SUF(dut, n0, nb, r * 16, t * 16, rows);                             \
+            rows_in_##SUF(rows, nb, DU);                                                       \
+            V16_##SUF ct = Ut[0] * X[0], et = Ut[0] * G[0];                                    \
+            for (long c = 1; c < 16; ++c) { ct += Ut[c] * X[c]; et += Ut[c] * G[c]; }          \
+            dsn += et * ct;                                                                    \
+            const V16_##SUF sc = s * ct, se = s * et;                                          \
+            for (long c = 0; c < 16; ++c) {                                                    \
+                DX[c] += se * Ut[c];                                                           \
+                DU[c] += sc * G[c] + se * X[c];                                                \
+            }                                                                                  \
+            for (long l = 0; l < nb; ++l) out[l] = dut + (n0 + l) * r * 16 + t * 16;           \
+            rows_out_##SUF(DU, nb, out);                                                       \
+        }                                                                                      \
+        for (long l = 0; l < nb; ++l) { ds += dsn[l]; out[l] = dx + (n0 + l) * 16; }           \
+        rows_out_##SUF(DX, nb, out);                                                           \
     }                                                                                          \
     return ds;                                                                                 \
 }                                                                                              \
@@ -806,9 +877,10 @@ static inline __attribute__((always_inline)) void skew_backward_body_##SUF(     
 static inline __attribute__((always_inline)) void skew_token_rows_##SUF(                       \
         const T* x, long n0, long nb, long Q, long H, long sb, long sl, long sh,               \
         const T* rows[16]) {                                                                   \
+    long b = n0 / (Q * H), q = n0 / H % Q, h = n0 % H;  /* then counted, not divided */      \
     for (long l = 0; l < nb; ++l) {                                                            \
-        const long n = n0 + l, b = n / (Q * H), q = n / H % Q, h = n % H;                      \
         rows[l] = x + b * sb + q * sl + h * sh;                                                \
+        if (++h == H) { h = 0; if (++q == Q) { q = 0; ++b; } }                                 \
     }                                                                                          \
 }                                                                                              \
 static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(                    \
@@ -1171,13 +1243,19 @@ void sumsq_##SUF(const T* RESTRICT x, T* RESTRICT out, long N, long w) {        
         for (long l = 0; l < nb; ++l) out[n0 + l] = acc[l];                                    \
     }                                                                                          \
 }                                                                                              \
-void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_) {\
+void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_, int lanes) {\
+    if (lanes && d == 16) {                                                                    \
+        projection_forward_lanes_##SUF(ut, x, y, B, H, L, sb, sh, sl, r, s_); return;          \
+    }                                                                                          \
     if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 2, 16, s_); return; }\
     if (r == 4 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 4, 16, s_); return; }\
     if (r == 8 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 8, 16, s_); return; }\
     projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, r, d, s_);                    \
 }                                                                                              \
-double projection_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_) {\
+double projection_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut, long B, long H, long L, long sb, long sh, long sl, long r, long d, double s_, int lanes) {\
+    if (lanes && d == 16) {                                                                    \
+        return projection_backward_lanes_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, r, s_); \
+    }                                                                                          \
     if (r == 2 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 2, 16, s_); }\
     if (r == 4 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 4, 16, s_); }\
     if (r == 8 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 8, 16, s_); }\
@@ -1197,7 +1275,6 @@ void woodbury_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T*
 }                                                                                              \
 void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
     if (lanes && d == 16) {  /* level 4 */                                                     \
-        if (r == 2) { skew_forward_lanes_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, fs); return; }\
         skew_forward_lanes_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, fs); return;         \
     }                                                                                          \
     if (r == 2 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
@@ -1207,7 +1284,6 @@ void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RE
 }                                                                                              \
 void skew_backward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
     if (lanes && d == 16) {  /* level 4 */                                                     \
-        if (r == 2) { skew_backward_lanes_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, fs); return; }\
         skew_backward_lanes_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, r, fs); return;\
     }                                                                                          \
     if (r == 2 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
