@@ -286,3 +286,16 @@ def test_native_heads_read_in_place_pass_gradcheck(idx):
     with torch.no_grad():
         assert torch.equal(loss(*qkv), with_grad.detach()) and with_grad.shape == ()
     assert torch.autograd.gradcheck(loss, qkv)
+
+
+def test_native_heads_out_of_range_say_so():
+    """A head range or item count outside the tensors is refused with both in the message."""
+    q = torch.randn(2, 3, 4, 2, dtype=F64)
+    with (
+        native.enabled(True),
+        pytest.raises(
+            ValueError,
+            match=r"items 1\.\.2 and heads within 0\.\.2 expected, got 2 items and heads 2\.\.3",
+        ),
+    ):
+        heads_penalty([q], [q], [2, 3], 2, 0.4, 0.3, 1e-8)

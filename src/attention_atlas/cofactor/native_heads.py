@@ -84,19 +84,23 @@ def _matrix_offsets(
 
 class CausalHeadsPenalty(torch.autograd.Function):
     """The mean of :class:`~attention_atlas.cofactor.penalty.CausalHeadPenalty` over chosen heads
-    read in place (native kernels only): ``spec = (scale, beta, eps)`` and each layer's chosen
-    heads' queries then keys, ``(items, h, n, d)`` each, with ``d`` contiguous and any other
-    strides (views of the forward's projection: :func:`heads_penalty` makes them); a float64
-    scalar. Under autograd the forward kernel also forms the gradient of the mean, matrix by
-    matrix while its softmax rows are in cache, laid out as the inputs (the loss is linear in
-    its upstream gradient ``g``, so the backward only scales it by ``g``): one kernel call, and
-    nothing stacked, sliced or written out in between."""
+    read in place (native kernels only): ``spec = (scale, beta, eps, items, h0, nh)`` and each
+    layer's queries then keys, ``(B, H, n, d)`` each, with ``d`` contiguous and any other strides
+    (views of the forward's projection: :func:`heads_penalty` passes them); the matrices of items
+    ``t < items`` and heads ``h0 <= h < h0 + nh``, located by address (no slice or copy); a
+    float64 scalar. Under autograd the forward kernel also forms the gradient of the mean,
+    matrix by matrix while its softmax rows are in cache (the loss is linear in its upstream
+    gradient ``g``, so the backward only scales it by ``g``, into a zero gradient of each input's
+    shape where the matrices are not all of it): one kernel call, and nothing stacked, sliced or
+    written out in between."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, spec: tuple[float, float, float], *qks: Tensor) -> Tensor:  # type: ignore[override]
-        scale, beta, eps = spec
+    def forward(
+        ctx: FunctionCtx, spec: tuple[float, float, float, int, int, int], *qks: Tensor
+    ) -> Tensor:  # type: ignore[override]
+        scale, beta, eps, items, h0, nh = spec
         nl, first = len(qks) // 2, qks[0]
-        items, nh, n, d = first.shape
+        batch, heads, n, d = first.shape
         strides, kind = first.stride(), (first.shape, first.dtype, first.device)
         for t in qks:
             if t.stride() != strides or (t.shape, t.dtype, t.device) != kind or strides[-1] != 1:
@@ -104,9 +108,13 @@ class CausalHeadsPenalty(torch.autograd.Function):
                     "the heads' queries and keys need one shape, dtype, device and strides with d "
                     f"contiguous, got {[(tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in qks]}"
                 )
-        bases = (ctypes.c_void_p * len(qks))(*[t.data_ptr() for t in qks])  # queries, then keys
+        if not (0 < items <= batch and 0 <= h0 and 0 < nh and h0 + nh <= heads):
+            raise ValueError(f"items 1..{batch} and heads within 0..{heads - 1} expected, got "
+                             f"{items} items and heads {h0}..{h0 + nh - 1}")  # fmt: skip
+        offset = h0 * strides[1] * first.element_size()  # the first chosen head's first row
+        bases = (ctypes.c_void_p * len(qks))(*[t.data_ptr() + offset for t in qks])
         grad = any(ctx.needs_input_grad[1:])  # type: ignore[attr-defined]
-        # the gradients of the queries then of the keys, laid out as the inputs
+        # the gradients of the queries then of the keys, (2 nl, items, nh, n, d)
         units = torch.empty((2 * nl, items, nh, n, d) if grad else (1,), dtype=first.dtype)
         count = nl * items * nh
         loss = torch.empty(count + 1, dtype=torch.float64)  # each matrix's, then the mean
@@ -116,15 +124,22 @@ class CausalHeadsPenalty(torch.autograd.Function):
            *strides[:2], units.data_ptr(), units.data_ptr() + count * n * d * first.element_size(),
            loss.data_ptr(), n, d, strides[2], strides[2], scale, beta, eps, int(grad),
            int(native.level() >= 3))  # fmt: skip
-        ctx.units = units  # type: ignore[attr-defined]
+        ctx.units, ctx.place = units, (batch, heads, items, h0)  # type: ignore[attr-defined]
         return loss[count]
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        grads = (ctx.units * g).unbind(0)  # type: ignore[attr-defined]
+        units = ctx.units  # type: ignore[attr-defined]
+        batch, heads, items, h0 = ctx.place  # type: ignore[attr-defined]
+        two_nl, _, nh, n, d = units.shape
+        if items == batch and nh == heads:
+            grads = units * g
+        else:  # the chosen matrices' gradients in place, zeros around them
+            grads = units.new_zeros((two_nl, batch, heads, n, d))
+            torch.mul(units, g, out=grads[:, :items, h0 : h0 + nh])
         needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
-        return (None, *(gr if need else None for gr, need in zip(grads, needs)))
+        return (None, *(gr if need else None for gr, need in zip(grads.unbind(0), needs)))
 
 
 def heads_penalty(
@@ -133,14 +148,10 @@ def heads_penalty(
 ) -> Tensor:  # fmt: skip
     """:class:`CausalHeadsPenalty` of heads ``idx`` of the first ``items`` items of each layer's
     queries and keys ``qs``, ``ks`` (``(B, H, n, d)`` each, ``d`` contiguous: a forward's views
-    of its projection). A run of consecutive heads is passed as a view (no copy; its gradient
-    is the heads' own, which autograd places in the layer's); other choices are gathered."""
+    of its projection). A run of consecutive heads is read in place (no view or copy: the
+    kernel takes the first head's address); other choices are gathered."""
     idx, ts = list(idx), [*qs, *ks]
-    batch, n_heads = ts[0].shape[:2]
-    if idx == list(range(idx[0], idx[0] + len(idx))):  # views
-        if items < batch:
-            ts = [t[:items] for t in ts]
-        pick = ts if len(idx) == n_heads else [t.narrow(1, idx[0], len(idx)) for t in ts]
-    else:
-        pick = [t[:items, idx] for t in ts]
-    return CausalHeadsPenalty.apply((scale, beta, eps), *pick)
+    if idx == list(range(idx[0], idx[0] + len(idx))):  # in place
+        return CausalHeadsPenalty.apply((scale, beta, eps, items, idx[0], len(idx)), *ts)
+    pick = [t[:items, idx] for t in ts]
+    return CausalHeadsPenalty.apply((scale, beta, eps, items, 0, len(idx)), *pick)
