@@ -496,7 +496,7 @@ static INLINE void transpose16_##SUF(                                           
 DEFINE_TRANSPOSE(float, f32, INLINE_F32)
 DEFINE_TRANSPOSE(double, f64, INLINE_F64)
 
-/* Level 4: 16 tokens at a time as the lanes of vector values, rows gathered from (and scattered
+/* Vector lanes: 16 tokens at a time as the lanes of vector values, rows gathered from (and scattered
  * to) arbitrary addresses. rows_in: v[i] lane l = row[l][i] (i < 16; a lane past nb reads
  * zeros); rows_out: row[l][i] = v[i] lane l for l < nb. */
 #define DEFINE_ROW_LANES(T, SUF, INLINE)                                                       \
@@ -517,6 +517,29 @@ static INLINE void rows_out_##SUF(                                              
 static inline __attribute__((always_inline)) void strided_rows_##SUF(                          \
         const T* base, long n0, long nb, long stride, long off, const T* rows[16]) {           \
     for (long l = 0; l < nb; ++l) rows[l] = base + (n0 + l) * stride + off;                    \
+}                                                                                              \
+/* rows of tokens n0 .. n0 + nb - 1 of an (A, M, I) grid of tokens, token (a M + m) I + i at    \
+   x + a sa + m sm + i si (the first located by division, the rest counted) */                 \
+static inline __attribute__((always_inline)) void token_rows_##SUF(                            \
+        const T* x, long n0, long nb, long M, long I, long sa, long sm, long si,               \
+        const T* rows[16]) {                                                                   \
+    long a = n0 / (M * I), m = n0 / I % M, i = n0 % I;                                         \
+    for (long l = 0; l < nb; ++l) {                                                            \
+        rows[l] = x + a * sa + m * sm + i * si;                                                \
+        if (++i == I) { i = 0; if (++m == M) { m = 0; ++a; } }                                 \
+    }                                                                                          \
+}                                                                                              \
+/* a backward pass's inputs for 16 tokens as lanes: X from x's rows (an (A, M, I) token grid,  \
+   as token_rows), G from g's (16 contiguous numbers per token), and DX = G */                 \
+static inline __attribute__((always_inline)) void lanes_x_g_##SUF(                             \
+        const T* x, const T* g, long n0, long nb, long M, long I, long sa, long sm, long si,   \
+        V16_##SUF X[16], V16_##SUF G[16], V16_##SUF DX[16]) {                                  \
+    const T* rows[16];                                                                         \
+    token_rows_##SUF(x, n0, nb, M, I, sa, sm, si, rows);                                       \
+    rows_in_##SUF(rows, nb, X);                                                                \
+    strided_rows_##SUF(g, n0, nb, 16, 0, rows);                                                \
+    rows_in_##SUF(rows, nb, G);                                                                \
+    for (long c = 0; c < 16; ++c) DX[c] = G[c];                                                \
 }
 DEFINE_ROW_LANES(float, f32, INLINE_F32)
 DEFINE_ROW_LANES(double, f64, INLINE_F64)
@@ -635,15 +658,6 @@ static inline __attribute__((always_inline)) double projection_backward_body_##S
                                                                                                \
 /* projection_forward_body and projection_backward_body for d = 16, 16 tokens per pass as    \
    vector lanes (as the skew kernels: the same operations per token in the same order) */     \
-static inline __attribute__((always_inline)) void projection_token_rows_##SUF(                 \
-        const T* x, long n0, long nb, long H, long L, long sb, long sh, long sl,               \
-        const T* rows[16]) {                                                                   \
-    long b = n0 / (H * L), h = n0 / L % H, t = n0 % L;  /* then counted, not divided */      \
-    for (long l = 0; l < nb; ++l) {                                                            \
-        rows[l] = x + b * sb + h * sh + t * sl;                                                \
-        if (++t == L) { t = 0; if (++h == H) { h = 0; ++b; } }                                 \
-    }                                                                                          \
-}                                                                                              \
 static inline __attribute__((always_inline)) void projection_forward_lanes_##SUF(              \
         const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L,      \
         long sb, long sh, long sl, long r, double s_) {                                        \
@@ -654,7 +668,7 @@ static inline __attribute__((always_inline)) void projection_forward_lanes_##SUF
         const T* rows[16];                                                                     \
         T* out[16];                                                                            \
         V16_##SUF X[16], Y[16], Ut[16];                                                        \
-        projection_token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                        \
+        token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                                   \
         rows_in_##SUF(rows, nb, X);                                                            \
         for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
         for (long t = 0; t < r; ++t) {                                                         \
@@ -681,11 +695,7 @@ static inline __attribute__((always_inline)) double projection_backward_lanes_##
         const T* rows[16];                                                                     \
         T* out[16];                                                                            \
         V16_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                             \
-        projection_token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                        \
-        rows_in_##SUF(rows, nb, X);                                                            \
-        strided_rows_##SUF(g, n0, nb, 16, 0, rows);                                            \
-        rows_in_##SUF(rows, nb, G);                                                            \
-        for (long c = 0; c < 16; ++c) DX[c] = G[c];                                            \
+        lanes_x_g_##SUF(x, g, n0, nb, H, L, sb, sh, sl, X, G, DX);                             \
         for (long t = 0; t < r; ++t) {                                                         \
             strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
             rows_in_##SUF(rows, nb, Ut);                                                       \
@@ -870,18 +880,20 @@ static inline __attribute__((always_inline)) void skew_backward_body_##SUF(     
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-/* skew_forward_body and skew_backward_body for d = 16 at level 4: 16 tokens per pass as vector \
-   lanes (rows gathered by rows_in: the tokens' x at their strides, each factor row), every    \
+/* skew_forward_body and skew_backward_body for d = 16, 16 tokens per pass as vector lanes     \
+   (rows gathered by rows_in: the tokens' x at their strides, each factor row), every          \
    sum over c a chain of multiply-adds per lane in the order c = 0..15 (no horizontal sums);   \
    dw_p's per-lane sums are added in lane order */                                             \
-static inline __attribute__((always_inline)) void skew_token_rows_##SUF(                       \
-        const T* x, long n0, long nb, long Q, long H, long sb, long sl, long sh,               \
-        const T* rows[16]) {                                                                   \
-    long b = n0 / (Q * H), q = n0 / H % Q, h = n0 % H;  /* then counted, not divided */      \
-    for (long l = 0; l < nb; ++l) {                                                            \
-        rows[l] = x + b * sb + q * sl + h * sh;                                                \
-        if (++h == H) { h = 0; if (++q == Q) { q = 0; ++b; } }                                 \
-    }                                                                                          \
+/* rows t of a pair's L^T and R^T (r rows each, fs numbers per token from wp) for 16 tokens    \
+   as lanes */                                                                                 \
+static inline __attribute__((always_inline)) void lanes_pair_##SUF(                            \
+        const T* wp, long n0, long nb, long fs, long r, long t, V16_##SUF Lt[16],              \
+        V16_##SUF Rt[16]) {                                                                    \
+    const T* rows[16];                                                                         \
+    strided_rows_##SUF(wp, n0, nb, fs, t * 16, rows);                                          \
+    rows_in_##SUF(rows, nb, Lt);                                                               \
+    strided_rows_##SUF(wp, n0, nb, fs, (r + t) * 16, rows);                                    \
+    rows_in_##SUF(rows, nb, Rt);                                                               \
 }                                                                                              \
 static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(                    \
         T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
@@ -891,16 +903,13 @@ static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(     
         const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
         const T* rows[16];                                                                     \
         V16_##SUF X[16], Y[16], Lt[16], Rt[16];                                                \
-        skew_token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                              \
+        token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                                   \
         rows_in_##SUF(rows, nb, X);                                                            \
         for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
         for (long p = 0; p < P; ++p) {                                                         \
             const T wp = w[p];                                                                 \
             for (long t = 0; t < r; ++t) {                                                     \
-                strided_rows_##SUF(wts[p], n0, nb, fs, t * 16, rows);                          \
-                rows_in_##SUF(rows, nb, Lt);                                                   \
-                strided_rows_##SUF(wts[p], n0, nb, fs, (r + t) * 16, rows);                    \
-                rows_in_##SUF(rows, nb, Rt);                                                   \
+                lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
                 V16_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                \
                 for (long c = 1; c < 16; ++c) { cl += Lt[c] * X[c]; cr += Rt[c] * X[c]; }      \
                 cl *= wp; cr *= wp;                                                            \
@@ -922,19 +931,12 @@ static inline __attribute__((always_inline)) void skew_backward_lanes_##SUF(    
         const T* rows[16];                                                                     \
         T* out[16];                                                                            \
         V16_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                        \
-        skew_token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                              \
-        rows_in_##SUF(rows, nb, X);                                                            \
-        strided_rows_##SUF(g, n0, nb, 16, 0, rows);                                            \
-        rows_in_##SUF(rows, nb, G);                                                            \
-        for (long c = 0; c < 16; ++c) DX[c] = G[c];                                            \
+        lanes_x_g_##SUF(x, g, n0, nb, Q, H, sb, sl, sh, X, G, DX);                             \
         for (long p = 0; p < P; ++p) {                                                         \
             const T wp = w[p];                                                                 \
             V16_##SUF dwp = {0};                                                               \
             for (long t = 0; t < r; ++t) {                                                     \
-                strided_rows_##SUF(wts[p], n0, nb, fs, t * 16, rows);                          \
-                rows_in_##SUF(rows, nb, Lt);                                                   \
-                strided_rows_##SUF(wts[p], n0, nb, fs, (r + t) * 16, rows);                    \
-                rows_in_##SUF(rows, nb, Rt);                                                   \
+                lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
                 V16_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                \
                 V16_##SUF el = Lt[0] * G[0], er = Rt[0] * G[0];                                \
                 for (long c = 1; c < 16; ++c) {                                                \
@@ -954,7 +956,7 @@ static inline __attribute__((always_inline)) void skew_backward_lanes_##SUF(    
             }                                                                                  \
             for (long l = 0; l < nb; ++l) dw[p] += dwp[l];  /* token by token, in order */     \
         }                                                                                      \
-        skew_token_rows_##SUF(dx, n0, nb, Q, H, sb, sl, sh, rows);                             \
+        token_rows_##SUF(dx, n0, nb, Q, H, sb, sl, sh, rows);                                  \
         for (long l = 0; l < nb; ++l) out[l] = (T*)rows[l];                                    \
         rows_out_##SUF(DX, nb, out);                                                           \
     }                                                                                          \
@@ -1274,7 +1276,7 @@ void woodbury_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T*
     woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, r, d);                                 \
 }                                                                                              \
 void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
-    if (lanes && d == 16) {  /* level 4 */                                                     \
+    if (lanes && d == 16) {  /* lanes */                                                     \
         skew_forward_lanes_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, fs); return;         \
     }                                                                                          \
     if (r == 2 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
@@ -1283,7 +1285,7 @@ void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RE
     skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, d, fs);                       \
 }                                                                                              \
 void skew_backward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
-    if (lanes && d == 16) {  /* level 4 */                                                     \
+    if (lanes && d == 16) {  /* lanes */                                                     \
         skew_backward_lanes_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, r, fs); return;\
     }                                                                                          \
     if (r == 2 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
