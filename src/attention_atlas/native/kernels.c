@@ -1277,7 +1277,7 @@ void woodbury_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT y, const T*
     woodbury_backward_body_##SUF(ut, y, dy, dx, dut, N, r, d);                                 \
 }                                                                                              \
 void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
-    if (lanes && d == 16) {  /* lanes */                                                     \
+    if (lanes && d == 16) {  /* lanes */                                                       \
         skew_forward_lanes_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, fs); return;         \
     }                                                                                          \
     if (r == 2 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
@@ -1286,7 +1286,7 @@ void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RE
     skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, d, fs);                       \
 }                                                                                              \
 void skew_backward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs, int lanes) {\
-    if (lanes && d == 16) {  /* lanes */                                                     \
+    if (lanes && d == 16) {  /* lanes */                                                       \
         skew_backward_lanes_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, r, fs); return;\
     }                                                                                          \
     if (r == 2 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
