@@ -12,9 +12,11 @@ formed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -22,7 +24,30 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from .. import native
 
-__all__ = ["CausalHeadsPenalty", "HeadMatrices", "heads_penalty"]
+__all__ = ["CausalHeadsPenalty", "HeadMatrices", "heads_penalty", "sparse_grads"]
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def sparse_grads(on: bool = True) -> Iterator[None]:
+    """Within: the harness's cofactor regulariser gives the chosen heads' queries and keys sparse
+    gradients (:func:`heads_penalty` with ``sparse_grad``), added in place into the dense ones
+    their attention gives them: nothing zero-filled or added where the regulariser's gradient is
+    zero. The training step switches it on around its regularisers, whose sum with the task loss
+    it differentiates (every head's queries and keys take a gradient from the logits); a loss of
+    the regulariser alone must leave it off, its default."""
+    before = getattr(_state, "on", False)
+    _state.on = bool(on)
+    try:
+        yield
+    finally:
+        _state.on = before
+
+
+def sparse_grads_on() -> bool:
+    """Whether :func:`sparse_grads` is on in this thread."""
+    return bool(getattr(_state, "on", False))
 
 
 class HeadMatrices:
@@ -92,13 +117,17 @@ class CausalHeadsPenalty(torch.autograd.Function):
     matrix by matrix while its softmax rows are in cache (the loss is linear in its upstream
     gradient ``g``, so the backward only scales it by ``g``, into a zero gradient of each input's
     shape where the matrices are not all of it): one kernel call, and nothing stacked, sliced or
-    written out in between."""
+    written out in between. With ``sparse`` (a seventh entry of ``spec``, default False) the
+    gradient of each input is a sparse tensor holding the chosen matrices only (sparse dimensions
+    item and head, dense ``(n, d)``: nothing zero-filled), for views that also take a dense
+    gradient from elsewhere in the backward pass, such as the attention that consumed them:
+    autograd adds it into that one in place (:func:`sparse_grads`)."""
 
     @staticmethod
-    def forward(
-        ctx: FunctionCtx, spec: tuple[float, float, float, int, int, int], *qks: Tensor
-    ) -> Tensor:  # type: ignore[override]
-        scale, beta, eps, items, h0, nh = spec
+    def forward(ctx: FunctionCtx, spec: tuple[float, ...], *qks: Tensor) -> Tensor:  # type: ignore[override]
+        scale, beta, eps, items, h0, nh = spec[:6]
+        sparse = bool(spec[6]) if len(spec) > 6 else False
+        items, h0, nh = int(items), int(h0), int(nh)
         nl, first = len(qks) // 2, qks[0]
         batch, heads, n, d = first.shape
         strides, kind = first.stride(), (first.shape, first.dtype, first.device)
@@ -125,6 +154,7 @@ class CausalHeadsPenalty(torch.autograd.Function):
            loss.data_ptr(), n, d, strides[2], strides[2], scale, beta, eps, int(grad),
            int(native.level() >= 3))  # fmt: skip
         ctx.units, ctx.place = units, (batch, heads, items, h0)  # type: ignore[attr-defined]
+        ctx.sparse = sparse  # type: ignore[attr-defined]
         return loss[count]
 
     @staticmethod
@@ -135,23 +165,44 @@ class CausalHeadsPenalty(torch.autograd.Function):
         two_nl, _, nh, n, d = units.shape
         if items == batch and nh == heads:
             grads = units * g
+        elif ctx.sparse:  # type: ignore[attr-defined]  # the chosen matrices only
+            index = _sparse_index(items, h0, nh)
+            vals = (units * g).reshape(two_nl, items * nh, n, d).unbind(0)
+            grads = [torch.sparse_coo_tensor(index, v, (batch, heads, n, d), is_coalesced=True,
+                                             check_invariants=False) for v in vals]  # fmt: skip
         else:  # the chosen matrices' gradients in place, zeros around them
             grads = units.new_zeros((two_nl, batch, heads, n, d))
             torch.mul(units, g, out=grads[:, :items, h0 : h0 + nh])
         needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
-        return (None, *(gr if need else None for gr, need in zip(grads.unbind(0), needs)))
+        grads = grads.unbind(0) if isinstance(grads, Tensor) else grads
+        return (None, *(gr if need else None for gr, need in zip(grads, needs)))
+
+
+@functools.lru_cache(maxsize=16)
+def _sparse_index(items: int, h0: int, nh: int) -> Tensor:
+    """The ``(2, items nh)`` (item, head) indices of the chosen matrices, items first (sorted
+    and distinct: a coalesced sparse tensor's). Cached: read, never written."""
+    b, h = torch.meshgrid(torch.arange(items), torch.arange(h0, h0 + nh), indexing="ij")
+    return torch.stack([b.reshape(-1), h.reshape(-1)])
 
 
 def heads_penalty(
     qs: Sequence[Tensor], ks: Sequence[Tensor], idx: Sequence[int], items: int,
-    scale: float, beta: float, eps: float,
+    scale: float, beta: float, eps: float, *, sparse_grad: bool = False,
 ) -> Tensor:  # fmt: skip
     """:class:`CausalHeadsPenalty` of heads ``idx`` of the first ``items`` items of each layer's
     queries and keys ``qs``, ``ks`` (``(B, H, n, d)`` each, ``d`` contiguous: a forward's views
     of its projection). A run of consecutive heads is read in place (no view or copy: the
-    kernel takes the first head's address); other choices are gathered."""
+    kernel takes the first head's address); other choices are gathered. ``sparse_grad``: the
+    run's gradients as sparse tensors (:class:`CausalHeadsPenalty`), for views (not leaves) that
+    take a dense gradient from elsewhere in the same backward pass: with none, a view's own
+    backward step refuses the sparse one. :func:`sparse_grads` switches it on for the harness's
+    regulariser."""
     idx, ts = list(idx), [*qs, *ks]
     if idx == list(range(idx[0], idx[0] + len(idx))):  # in place
-        return CausalHeadsPenalty.apply((scale, beta, eps, items, idx[0], len(idx)), *ts)
+        if any(t.grad_fn is None for t in ts):  # a leaf's gradient stays dense
+            sparse_grad = False
+        spec = (scale, beta, eps, items, idx[0], len(idx), sparse_grad)
+        return CausalHeadsPenalty.apply(spec, *ts)
     pick = [t[:items, idx] for t in ts]
     return CausalHeadsPenalty.apply((scale, beta, eps, items, 0, len(idx)), *pick)
