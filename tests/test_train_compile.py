@@ -68,6 +68,25 @@ def test_a_compiled_fiber_bundle_run_computes_what_the_eager_run_computes():
         assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6), name
 
 
+def test_a_compiled_cofactor_run_with_the_native_kernels_computes_what_the_eager_run_computes():
+    # chapter 6's regulariser on the native kernels reads the forward's queries and keys in
+    # place; a compiled forward hands them out as outputs of its graph, whose backward takes a
+    # dense gradient only (the sparse one of the eager step failed there: aten::empty_strided
+    # has no SparseCPU kernel)
+    data = toy_corpus(20)
+    mcfg, tcfg = bench_train.train_setup("cofactor", TINY)
+    eager = train(mcfg, _quiet(tcfg, steps=3, native=True), data)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "torch.compile failed", RuntimeWarning)
+        compiled = train(mcfg, _quiet(tcfg, steps=3, compile=True, native=True), data)
+    assert compiled.record["train_config"]["compile"] is True
+    for col in ("train_loss", "val_loss"):
+        assert compiled.history[col].tolist() == pytest.approx(
+            eager.history[col].tolist(), rel=1e-4
+        )
+
+
 def _no_compiler(module, **kwargs):
     """A stand-in for ``torch.compile`` on a machine without a C++ compiler: the compiled
     module raises inductor's error (its first line is what a fallback reports) when called."""

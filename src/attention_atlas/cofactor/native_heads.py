@@ -34,9 +34,11 @@ def sparse_grads(on: bool = True) -> Iterator[None]:
     """Within: the harness's cofactor regulariser gives the chosen heads' queries and keys sparse
     gradients (:func:`heads_penalty` with ``sparse_grad``), added in place into the dense ones
     their attention gives them: nothing zero-filled or added where the regulariser's gradient is
-    zero. The training step switches it on around its regularisers, whose sum with the task loss
-    it differentiates (every head's queries and keys take a gradient from the logits); a loss of
-    the regulariser alone must leave it off, its default."""
+    zero. The training step switches it on around its regularisers when its forward ran eagerly:
+    it differentiates their sum with the task loss, and every head's queries and keys take a
+    gradient from the logits. A compiled forward's queries and keys are outputs of its graph,
+    whose backward takes dense gradients only, and a loss of the regulariser alone gives the
+    views no dense one: both leave it off, its default."""
     before = getattr(_state, "on", False)
     _state.on = bool(on)
     try:
@@ -109,24 +111,23 @@ def _matrix_offsets(
 
 class CausalHeadsPenalty(torch.autograd.Function):
     """The mean of :class:`~attention_atlas.cofactor.penalty.CausalHeadPenalty` over chosen heads
-    read in place (native kernels only): ``spec = (scale, beta, eps, items, h0, nh)`` and each
-    layer's queries then keys, ``(B, H, n, d)`` each, with ``d`` contiguous and any other strides
-    (views of the forward's projection: :func:`heads_penalty` passes them); the matrices of items
-    ``t < items`` and heads ``h0 <= h < h0 + nh``, located by address (no slice or copy); a
-    float64 scalar. Under autograd the forward kernel also forms the gradient of the mean,
-    matrix by matrix while its softmax rows are in cache (the loss is linear in its upstream
-    gradient ``g``, so the backward only scales it by ``g``, into a zero gradient of each input's
-    shape where the matrices are not all of it): one kernel call, and nothing stacked, sliced or
-    written out in between. With ``sparse`` (a seventh entry of ``spec``, default False) the
-    gradient of each input is a sparse tensor holding the chosen matrices only (sparse dimensions
-    item and head, dense ``(n, d)``: nothing zero-filled), for views that also take a dense
-    gradient from elsewhere in the backward pass, such as the attention that consumed them:
-    autograd adds it into that one in place (:func:`sparse_grads`)."""
+    read in place (native kernels only): ``spec = (scale, beta, eps, items, h0, nh, sparse)``
+    and each layer's queries then keys, ``(B, H, n, d)`` each, with ``d`` contiguous and any
+    other strides (views of the forward's projection: :func:`heads_penalty` passes them); the
+    matrices of items ``t < items`` and heads ``h0 <= h < h0 + nh``, located by address (no
+    slice or copy); a float64 scalar. Under autograd the forward kernel also forms the gradient
+    of the mean, matrix by matrix while its softmax rows are in cache (the loss is linear in its
+    upstream gradient ``g``, so the backward only scales it by ``g``, into a zero gradient of
+    each input's shape where the matrices are not all of it): one kernel call, and nothing
+    stacked, sliced or written out in between. With ``sparse`` the gradient of each input is a
+    sparse tensor holding the chosen matrices only (sparse dimensions item and head, dense
+    ``(n, d)``: nothing zero-filled), for views that also take a dense gradient from elsewhere
+    in the backward pass, such as the attention that consumed them: autograd adds it into that
+    one in place (:func:`sparse_grads`)."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, spec: tuple[float, ...], *qks: Tensor) -> Tensor:  # type: ignore[override]
-        scale, beta, eps, items, h0, nh = spec[:6]
-        sparse = bool(spec[6]) if len(spec) > 6 else False
+        scale, beta, eps, items, h0, nh, sparse = spec
         items, h0, nh = int(items), int(h0), int(nh)
         nl, first = len(qks) // 2, qks[0]
         batch, heads, n, d = first.shape
@@ -205,4 +206,4 @@ def heads_penalty(
         spec = (scale, beta, eps, items, idx[0], len(idx), sparse_grad)
         return CausalHeadsPenalty.apply(spec, *ts)
     pick = [t[:items, idx] for t in ts]
-    return CausalHeadsPenalty.apply((scale, beta, eps, items, 0, len(idx)), *pick)
+    return CausalHeadsPenalty.apply((scale, beta, eps, items, 0, len(idx), False), *pick)
