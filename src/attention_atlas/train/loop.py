@@ -304,13 +304,9 @@ def _optimiser_step(
     for spec in cfg.regularizers:
         fn = get_regularizer(spec["name"])[0]
         opts = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-        # the loss below sums them with the logits' loss, which gives every head's queries and
-        # keys a dense gradient when the forward ran eagerly (autograd sums the two before the
-        # views' own backward): then the cofactor regulariser's may be sparse. A compiled
-        # forward's queries and keys are outputs of its graph, which the logits' gradient does
-        # not reach: its backward would get the sparse one alone, so it stays dense
-        eager = not isinstance(ddp, CompiledSteps)
-        with phase(f"regularizer/{spec['name']}"), sparse_grads(eager):
+        # after an eager forward the logits' loss gives every head's queries and keys a dense
+        # gradient, so the cofactor regulariser's may be sparse (sparse_grads says when not)
+        with phase(f"regularizer/{spec['name']}"), sparse_grads(not isinstance(ddp, CompiledSteps)):
             r = fn(run.model, out, (x, y), **opts)
         total = total + float(spec.get("weight", 1.0)) * r
         acc["reg"][spec["name"]] = acc["reg"].get(spec["name"], 0.0) + float(r.detach())
