@@ -13,7 +13,7 @@ import torch
 from attention_atlas import results
 from attention_atlas.__main__ import main
 from attention_atlas.experiments import toy
-from attention_atlas.provenance import git_state
+from attention_atlas.provenance import cpu_id, git_state
 from attention_atlas.records import read_records
 from attention_atlas.sweep import run_experiment
 
@@ -183,6 +183,50 @@ def test_verify_re_runs_the_committed_toy_cell() -> None:
     assert not any(r["provenance"]["git_dirty"] for r in grid.records.values())
     (outcome,) = results.verify(1, experiment="toy", preset="book", root=REPO / "results", log=None)
     assert outcome.status in ("exact", "close"), outcome.detail
+
+
+def _cpuinfo(path: Path, model: int, flags: str) -> Path:
+    block = (f"processor\t: {{}}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {model}\n"
+             f"model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu {flags} ht\n")  # fmt: skip
+    path.write_text(block.format(0) + "\n" + block.format(1).replace("avx", "zz"))
+    return path
+
+
+def test_cpu_id_tells_apart_processors_of_one_model_name(tmp_path: Path) -> None:
+    """Two "AMD EPYC"s (family 25, models 17 and 1): the first processor's family, model,
+    stepping and vector instruction sets, in order."""
+    zen4 = cpu_id(_cpuinfo(tmp_path / "a", 17, "sse4_1 avx512f avx2 fma avx"))
+    zen3 = cpu_id(_cpuinfo(tmp_path / "b", 1, "sse4_1 avx2 fma avx"))
+    assert zen4 == "AuthenticAMD 25/17/1 avx avx2 avx512f fma sse4_1"
+    assert zen3 == "AuthenticAMD 25/1/1 avx avx2 fma sse4_1"
+    assert cpu_id(tmp_path / "none") and cpu_id(tmp_path / "none") != zen3
+
+
+def test_verify_holds_a_cell_of_another_processor_to_the_tolerance(store: Path) -> None:
+    """A cell is re-run exactly only where its processor's ``cpu_id`` is this one's: the same
+    last-bit change fails it here and passes it as made on another processor (or by a record
+    without ``cpu_id``), where a larger one fails."""
+    paths = sorted((store / "toy" / "smoke" / "cells").glob("*.json"))
+    recs = [json.loads(p.read_text()) for p in paths]
+    assert all(r["provenance"]["cpu_id"] == cpu_id() for r in recs)
+
+    def verified(cpu: str | None, rel: float) -> set[str]:
+        for path, rec in zip(paths, recs):
+            changed = json.loads(json.dumps(rec))
+            changed["loss_final"] *= 1 + rel
+            if cpu is None:
+                del changed["provenance"]["cpu_id"]
+            else:
+                changed["provenance"]["cpu_id"] = cpu
+            path.write_text(json.dumps(changed))
+        out = results.verify(len(paths), experiment="toy", preset="smoke", root=store, log=None)
+        return {o.status for o in out}
+
+    assert verified(cpu_id(), 0.0) == {"exact"}
+    assert verified(cpu_id(), 1e-7) == {"differs"}
+    assert verified("AuthenticAMD 25/17/1 avx avx2 avx512f", 1e-7) == {"close"}
+    assert verified(None, 1e-7) == {"close"}
+    assert verified(None, 10 * results.RTOL) == {"differs"}
 
 
 def test_the_results_command_lists_shows_and_verifies(

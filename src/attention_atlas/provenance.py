@@ -3,8 +3,9 @@ records came from (summarised in one line to print beside a figure).
 
 A record's ``provenance`` holds the run's ``command``, ``experiment``, ``preset``,
 ``git_commit`` and ``git_dirty``, ``backend``, ``started``/``finished`` (UTC), and the
-worker's :func:`environment`: ``device`` (``cuda`` when the cell used the GPU), ``cpu``,
-``gpu``, torch ``threads``, ``platform`` and library ``versions``.
+worker's :func:`environment`: ``device`` (``cuda`` when the cell used the GPU), ``cpu`` (the
+model name), ``cpu_id`` (:func:`cpu_id`), ``gpu``, torch ``threads``, ``platform`` and library
+``versions``.
 """
 
 from __future__ import annotations
@@ -19,22 +20,54 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Provenance", "environment", "format_duration", "git_state"]
+__all__ = ["Provenance", "cpu_id", "cpu_model", "environment", "format_duration", "git_state"]
 
 
-def _cpu_model() -> str:
+def _cpuinfo(path: str | os.PathLike[str] = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path(path).read_text()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block only
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+#: the ``/proc/cpuinfo`` flags (by prefix) that choose the vector code of PyTorch's kernels and
+#: of a ``-march=native`` build
+_ISA_PREFIXES = ("avx", "fma", "amx", "f16c", "sse4")
+
+
+def cpu_id(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
+    """The processor as the code paths that run on it see it: vendor, family, model and stepping,
+    and its vector instruction sets, e.g. ``"AuthenticAMD 25/1/1 avx avx2 fma ..."``. A model
+    name is not enough: under a hypervisor an EPYC 9004 (family 25, model 17, AVX-512) and an
+    EPYC 7003 (model 1, AVX2) are both "AMD EPYC", and the same training run on the two differs
+    in its last bits. Without ``cpuinfo``: :mod:`platform`'s machine and processor."""
+    info = _cpuinfo(cpuinfo)
+    if "flags" not in info:
+        return f"{platform.machine()} {platform.processor()}".strip()
+    isa = sorted(f for f in info["flags"].split() if f.startswith(_ISA_PREFIXES))
+    ident = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return " ".join([info.get("vendor_id", "?"), ident, *isa])
 
 
 def environment(*, used_cuda: bool) -> dict[str, Any]:
     """Where a cell ran (called in the worker): ``device`` (``"cuda"`` if the cell used the
-    GPU, else ``"cpu"``), ``cpu`` and ``gpu`` names, torch ``threads``, library ``versions``."""
+    GPU, else ``"cpu"``), ``cpu`` and ``gpu`` names, ``cpu_id`` (:func:`cpu_id`), torch
+    ``threads``, library ``versions``."""
     import torch
 
     from . import __version__
@@ -42,7 +75,8 @@ def environment(*, used_cuda: bool) -> dict[str, Any]:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {
         "device": "cuda" if used_cuda else "cpu",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
+        "cpu_id": cpu_id(),
         "gpu": gpu,
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),

@@ -377,7 +377,9 @@ def verify(
 
     A cell made on the CPU is re-run on the CPU (a GPU here is hidden from it) at its thread
     count; it must reproduce exactly when this CPU model and torch version are those that made
-    it, else within ``rtol``. A cell made on a GPU is re-run on a GPU (skipped without one) and
+    it (its model name and :func:`~attention_atlas.provenance.cpu_id`: one name can cover
+    processors with different vector units; a record made before ``cpu_id`` was stored is held
+    to ``rtol``), else within ``rtol``. A cell made on a GPU is re-run on a GPU (skipped without one) and
     must agree within ``rtol``. A cell made with compiled steps (``sweep --compile``) is re-run
     compiled, one made with the native kernels (``sweep --native``) with them, at the level
     that made it (``native_level``; level 1 where the record predates levels).
@@ -407,6 +409,7 @@ def verify(
                          compile=bool(prov.get("compile")), native=_native_level(prov))  # fmt: skip
             env = out["environment"]
             exact = not on_gpu and prov.get("threads") == 1 and env["cpu"] == prov.get("cpu") and \
+                env["cpu_id"] == prov.get("cpu_id") and \
                 env["versions"]["torch"] == prov.get("versions", {}).get("torch")  # fmt: skip
             stored = {k: v for k, v in rec.items() if k not in RESERVED}
             new = json.loads(json.dumps(out["metrics"]))

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..provenance import cpu_id, cpu_model
+
 __all__ = [
     "SOURCE",
     "active",
@@ -126,23 +128,13 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_model() -> str:
-    """The processor's model name (``-march=native`` code is built for it)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _build(cc: str) -> Path:
-    """Compile ``kernels.c`` into the cache (once per source, flags, compiler and machine), the
+    """Compile ``kernels.c`` into the cache (once per source, flags, compiler and processor:
+    its model name and vector units, :func:`~attention_atlas.provenance.cpu_id`), the
     shared object written beside its final name and renamed over it (atomic)."""
     text = SOURCE.read_bytes()
     key = hashlib.sha256(
-        text + " ".join((cc, *_FLAGS, platform.machine(), _cpu_model())).encode()
+        text + " ".join((cc, *_FLAGS, platform.machine(), cpu_model(), cpu_id())).encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"kernels-{key}.so"
     if target.exists():

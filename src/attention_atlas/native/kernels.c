@@ -551,6 +551,14 @@ DEFINE_KERNELS(double, f64)
 #define FMA_f64 fma
 #define LANES for (long l = 0; l < TK; ++l)
 #define SIMD_LANES _Pragma("omp simd") LANES
+/* the pragma over a token-by-token sum over c (SUMS_f64(acc), before its loop): the double
+ * build lets the compiler split the sum into vector partial sums; the float build keeps each
+ * sum a chain in the order c = 0..15, the order of the lane kernels, so the two paths give the
+ * same bits whatever the vector width (with 256-bit vectors the split sums differed from the
+ * lanes' in a third of the outputs' last bits) */
+#define PRAGMA_(...) _Pragma(#__VA_ARGS__)
+#define SUMS_f32(...)
+#define SUMS_f64(...) PRAGMA_(omp simd reduction(+:__VA_ARGS__))
 
 /* dst[i ds + l] = src[l ss + i] for l, i < 16: a 16 x 16 block transposed in vector registers,
  * four rounds of two-source shuffles (each interleaves rows j and j + 8: after four, a row's
@@ -712,7 +720,7 @@ static inline __attribute__((always_inline)) void projection_forward_body_##SUF(
         for (long c = 0; c < d; ++c) yn[c] = xn[c];                                            \
         for (long t = 0; t < r; ++t) {                                                         \
             T acc = 0;                                                                         \
-            _Pragma("omp simd reduction(+:acc)")                                               \
+            SUMS_##SUF(acc)                                                                    \
             for (long c = 0; c < d; ++c) acc += u[t * d + c] * xn[c];                          \
             acc *= s;                                                                          \
             for (long c = 0; c < d; ++c) yn[c] += acc * u[t * d + c];                          \
@@ -740,7 +748,7 @@ static inline __attribute__((always_inline)) double projection_backward_body_##S
         T dsn = 0;                                                                             \
         for (long t = 0; t < r; ++t) {                                                         \
             T ct = 0, et = 0;                                                                  \
-            _Pragma("omp simd reduction(+:ct,et)")                                             \
+            SUMS_##SUF(ct, et)                                                                 \
             for (long c = 0; c < d; ++c) { ct += u[t * d + c] * xn[c]; et += u[t * d + c] * gn[c]; } \
             dsn += et * ct;                                                                    \
             const T sc = s * ct, se = s * et;                                                  \
@@ -930,7 +938,7 @@ static inline __attribute__((always_inline)) void skew_forward_body_##SUF(      
             const T* rt = lt + r * d;                                                          \
             for (long t = 0; t < r; ++t) {                                                     \
                 T cl = 0, cr = 0;                                                              \
-                _Pragma("omp simd reduction(+:cl,cr)")                                         \
+                SUMS_##SUF(cl, cr)                                                             \
                 for (long c = 0; c < d; ++c) { cl += lt[t * d + c] * xn[c]; cr += rt[t * d + c] * xn[c]; }\
                 cl *= w[p]; cr *= w[p];                                                        \
                 for (long c = 0; c < d; ++c) yn[c] += cr * lt[t * d + c] - cl * rt[t * d + c]; \
@@ -960,7 +968,7 @@ static inline __attribute__((always_inline)) void skew_backward_body_##SUF(     
             T dwp = 0;                                                                         \
             for (long t = 0; t < r; ++t) {                                                     \
                 T cl = 0, cr = 0, el = 0, er = 0;                                              \
-                _Pragma("omp simd reduction(+:cl,cr,el,er)")                                   \
+                SUMS_##SUF(cl, cr, el, er)                                                     \
                 for (long c = 0; c < d; ++c) {                                                 \
                     cl += lt[t * d + c] * xn[c]; cr += rt[t * d + c] * xn[c];                  \
                     el += lt[t * d + c] * gn[c]; er += rt[t * d + c] * gn[c];                  \
