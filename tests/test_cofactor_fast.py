@@ -12,7 +12,7 @@ import torch
 from attention_atlas import native
 from attention_atlas.cofactor import cofactor_penalty, head_probs, softmax_matrices
 from attention_atlas.cofactor.heads import head_qk
-from attention_atlas.cofactor.native_heads import heads_penalty, sparse_grads
+from attention_atlas.cofactor.native_heads import heads_penalty, inplace_grads
 from attention_atlas.cofactor.penalty import (
     CausalHeadPenalty,
     FastPenalty,
@@ -301,37 +301,46 @@ def test_native_heads_out_of_range_say_so():
         heads_penalty([q], [q], [2, 3], 2, 0.4, 0.3, 1e-8)
 
 
-@pytest.mark.parametrize(("heads", "items"), [(1, None), ([1, 2], 2)])
-def test_native_heads_sparse_gradients_equal_the_dense_ones(heads, items):
-    """Inside :func:`sparse_grads` (the training step's setting) the regulariser's gradient of
-    the chosen heads' queries and keys is sparse and autograd adds it into the dense one the
-    logits give them: every parameter's gradient of ``task + 3 reg`` equals the dense path's; a
-    leaf input keeps a dense gradient; a loss of the regulariser alone, which gives the views
-    no dense gradient, fails inside autograd with it on (why it is off by default)."""
+@pytest.mark.parametrize(("heads", "items"), [(1, None), ([1, 2], 2), (1, 2)])
+def test_native_heads_inplace_gradients_equal_the_dense_ones(heads, items):
+    """Inside :func:`inplace_grads` (the training step's setting) the regulariser's node returns
+    no gradient for the chosen heads' queries and keys, and a hook on each adds it into the
+    gradient the logits give it: every parameter's gradient of ``task + 3 reg`` equals the dense
+    path's bit for bit, and again in a second pass through a kept graph (each pass adds its
+    own); a pass that does not reach the regulariser adds nothing; a leaf input keeps the dense
+    gradient; a loss of the regulariser alone, which gives the views no other gradient, is
+    refused with it on (why it is off by default)."""
     model, x = _model("lm")
     params = list(model.parameters())
-    grads = []
+    grads, task_only = [], []
     for on in (False, True):
         out = model(x)
-        with native.enabled(True), sparse_grads(on):
+        with native.enabled(True), inplace_grads(on):
             reg = regularizer(model, out, None, heads=heads, beta=0.1, max_items=items)
-        total = out.logits.square().mean() + 3 * reg
+        task = out.logits.square().mean()
         node = reg.grad_fn
         assert type(node).__name__ == "CausalHeadsPenaltyBackward"
-        grads.append(torch.autograd.grad(total, params, allow_unused=True))
-    for a, b in zip(*grads):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert not b.is_sparse
-            torch.testing.assert_close(b, a, rtol=0, atol=0)
+        first = torch.autograd.grad(task + 3 * reg, params, allow_unused=True, retain_graph=True)
+        task_only.append(torch.autograd.grad(task, params, allow_unused=True, retain_graph=True))
+        second = torch.autograd.grad(task + 3 * reg, params, allow_unused=True)
+        grads.append((first, second))
+    for got, want in [(grads[1][0], grads[0][0]), (grads[1][1], grads[0][0]),
+                      (task_only[1], task_only[0])]:  # fmt: skip
+        for a, b in zip(want, got):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a, rtol=0, atol=0)
+    assert not all(torch.equal(a, b) for a, b in zip(grads[0][0], task_only[0]) if a is not None)
     q = torch.randn(3, 4, 5, 2, dtype=F64, requires_grad=True)
     with native.enabled(True):
-        loss = heads_penalty([q], [q], [1], 2, 0.4, 0.3, 1e-8, sparse_grad=True)
+        loss = heads_penalty([q], [q], [1], 2, 0.4, 0.3, 1e-8, inplace_grad=True)
     (g,) = torch.autograd.grad(loss, q)
-    assert not g.is_sparse and float(g[:2, 1].abs().min()) > 0.0  # items 0, 1 of head 1 only
+    assert float(g[:2, 1].abs().min()) > 0.0  # items 0, 1 of head 1 only
     assert float(g[:, [0, 2, 3]].abs().max()) == 0.0 and float(g[2:].abs().max()) == 0.0
     out = model(x)
-    with native.enabled(True), sparse_grads():
+    with native.enabled(True), inplace_grads():
         alone = regularizer(model, out, None, heads=heads, beta=0.1, max_items=items)
-    with pytest.raises(RuntimeError, match="unsupported for Sparse tensors"):
+    with pytest.raises(
+        RuntimeError, match="need a gradient of its queries and keys from elsewhere"
+    ):
         torch.autograd.grad(alone, params, allow_unused=True)

@@ -70,9 +70,9 @@ def test_a_compiled_fiber_bundle_run_computes_what_the_eager_run_computes():
 
 def test_a_compiled_cofactor_run_with_the_native_kernels_computes_what_the_eager_run_computes():
     # chapter 6's regulariser on the native kernels reads the forward's queries and keys in
-    # place; a compiled forward hands them out as outputs of its graph, whose backward takes a
-    # dense gradient only (the sparse one of the eager step failed there: aten::empty_strided
-    # has no SparseCPU kernel)
+    # place; a compiled forward hands them out as outputs of its graph, which the logits give
+    # no gradient: the eager step's in-place gradients (inplace_grads) would find none to add
+    # into, so the compiled step keeps the dense ones
     data = toy_corpus(20)
     mcfg, tcfg = bench_train.train_setup("cofactor", TINY)
     eager = train(mcfg, _quiet(tcfg, steps=3, native=True), data)

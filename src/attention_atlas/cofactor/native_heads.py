@@ -17,6 +17,7 @@ import ctypes
 import functools
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,21 +25,22 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from .. import native
 
-__all__ = ["CausalHeadsPenalty", "HeadMatrices", "heads_penalty", "sparse_grads"]
+__all__ = ["CausalHeadsPenalty", "HeadMatrices", "heads_penalty", "inplace_grads"]
 
 _state = threading.local()
 
 
 @contextlib.contextmanager
-def sparse_grads(on: bool = True) -> Iterator[None]:
-    """Within: the harness's cofactor regulariser gives the chosen heads' queries and keys sparse
-    gradients (:func:`heads_penalty` with ``sparse_grad``), added in place into the dense ones
-    their attention gives them: nothing zero-filled or added where the regulariser's gradient is
-    zero. The training step switches it on around its regularisers when its forward ran eagerly:
-    it differentiates their sum with the task loss, and every head's queries and keys take a
-    gradient from the logits. A compiled forward's queries and keys are outputs of its graph,
-    whose backward takes dense gradients only, and a loss of the regulariser alone gives the
-    views no dense one: both leave it off, its default."""
+def inplace_grads(on: bool = True) -> Iterator[None]:
+    """Within: the harness's cofactor regulariser adds the chosen heads' query and key gradients
+    in place into the ones the rest of the backward pass gives the same tensors
+    (:func:`heads_penalty` with ``inplace_grad``): one slice added per tensor, nothing
+    zero-filled, no sparse tensor. The training step switches it on around its regularisers
+    when its forward ran eagerly: it differentiates their sum with the task loss, and every
+    head's queries and keys take a gradient of their own from the attention that consumed them
+    (SDPA or a product, fresh tensors). A compiled forward's queries and keys are outputs of its
+    graph, and a loss of the regulariser alone gives them no other gradient: the first leaves it
+    off, the second fails with it on (a clear error); off is the default."""
     before = getattr(_state, "on", False)
     _state.on = bool(on)
     try:
@@ -47,8 +49,8 @@ def sparse_grads(on: bool = True) -> Iterator[None]:
         _state.on = before
 
 
-def sparse_grads_on() -> bool:
-    """Whether :func:`sparse_grads` is on in this thread."""
+def inplace_grads_on() -> bool:
+    """Whether :func:`inplace_grads` is on in this thread."""
     return bool(getattr(_state, "on", False))
 
 
@@ -111,7 +113,7 @@ def _matrix_offsets(
 
 class CausalHeadsPenalty(torch.autograd.Function):
     """The mean of :class:`~attention_atlas.cofactor.penalty.CausalHeadPenalty` over chosen heads
-    read in place (native kernels only): ``spec = (scale, beta, eps, items, h0, nh, sparse)``
+    read in place (native kernels only): ``spec = (scale, beta, eps, items, h0, nh, inplace)``
     and each layer's queries then keys, ``(B, H, n, d)`` each, with ``d`` contiguous and any
     other strides (views of the forward's projection: :func:`heads_penalty` passes them); the
     matrices of items ``t < items`` and heads ``h0 <= h < h0 + nh``, located by address (no
@@ -119,15 +121,14 @@ class CausalHeadsPenalty(torch.autograd.Function):
     of the mean, matrix by matrix while its softmax rows are in cache (the loss is linear in its
     upstream gradient ``g``, so the backward only scales it by ``g``, into a zero gradient of
     each input's shape where the matrices are not all of it): one kernel call, and nothing
-    stacked, sliced or written out in between. With ``sparse`` the gradient of each input is a
-    sparse tensor holding the chosen matrices only (sparse dimensions item and head, dense
-    ``(n, d)``: nothing zero-filled), for views that also take a dense gradient from elsewhere
-    in the backward pass, such as the attention that consumed them: autograd adds it into that
-    one in place (:func:`sparse_grads`)."""
+    stacked, sliced or written out in between. With ``inplace`` the backward returns no
+    gradient for the inputs: it leaves each input's scaled matrices in ``ctx.pending``, which
+    the pre-hook :func:`heads_penalty` puts on the node that made the input adds into the
+    gradient the rest of the backward pass gives it (:func:`inplace_grads`)."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, spec: tuple[float, ...], *qks: Tensor) -> Tensor:  # type: ignore[override]
-        scale, beta, eps, items, h0, nh, sparse = spec
+        scale, beta, eps, items, h0, nh, inplace = spec
         items, h0, nh = int(items), int(h0), int(nh)
         nl, first = len(qks) // 2, qks[0]
         batch, heads, n, d = first.shape
@@ -155,7 +156,7 @@ class CausalHeadsPenalty(torch.autograd.Function):
            loss.data_ptr(), n, d, strides[2], strides[2], scale, beta, eps, int(grad),
            int(native.level() >= 3))  # fmt: skip
         ctx.units, ctx.place = units, (batch, heads, items, h0)  # type: ignore[attr-defined]
-        ctx.sparse = sparse  # type: ignore[attr-defined]
+        ctx.inplace, ctx.pending = inplace, [None] * len(qks)  # type: ignore[attr-defined]
         return loss[count]
 
     @staticmethod
@@ -164,46 +165,70 @@ class CausalHeadsPenalty(torch.autograd.Function):
         units = ctx.units  # type: ignore[attr-defined]
         batch, heads, items, h0 = ctx.place  # type: ignore[attr-defined]
         two_nl, _, nh, n, d = units.shape
+        needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
+        if ctx.inplace:  # type: ignore[attr-defined]  # the hooks add them (heads_penalty)
+            ctx.pending[:] = list((units * g).unbind(0))  # type: ignore[attr-defined]
+            return (None,) * (1 + len(needs))
         if items == batch and nh == heads:
             grads = units * g
-        elif ctx.sparse:  # type: ignore[attr-defined]  # the chosen matrices only
-            index = _sparse_index(items, h0, nh)
-            vals = (units * g).reshape(two_nl, items * nh, n, d).unbind(0)
-            grads = [torch.sparse_coo_tensor(index, v, (batch, heads, n, d), is_coalesced=True,
-                                             check_invariants=False) for v in vals]  # fmt: skip
         else:  # the chosen matrices' gradients in place, zeros around them
             grads = units.new_zeros((two_nl, batch, heads, n, d))
             torch.mul(units, g, out=grads[:, :items, h0 : h0 + nh])
-        needs = ctx.needs_input_grad[1:]  # type: ignore[attr-defined]
-        grads = grads.unbind(0) if isinstance(grads, Tensor) else grads
-        return (None, *(gr if need else None for gr, need in zip(grads, needs)))
+        return (None, *(gr if need else None for gr, need in zip(grads.unbind(0), needs)))
 
 
-@functools.lru_cache(maxsize=16)
-def _sparse_index(items: int, h0: int, nh: int) -> Tensor:
-    """The ``(2, items nh)`` (item, head) indices of the chosen matrices, items first (sorted
-    and distinct: a coalesced sparse tensor's). Cached: read, never written."""
-    b, h = torch.meshgrid(torch.arange(items), torch.arange(h0, h0 + nh), indexing="ij")
-    return torch.stack([b.reshape(-1), h.reshape(-1)])
+def _add_pending(
+    node: Any, inputs: list[tuple[int, int]], grads: tuple[Tensor | None, ...]
+) -> tuple[Tensor | None, ...] | None:
+    """Pre-hook of the node that made inputs ``(i, output_nr)`` of a :class:`CausalHeadsPenalty`
+    node ``node`` with ``inplace``: add the chosen matrices' gradients that this backward pass's
+    call of ``node`` left (none where the pass did not reach it) into the node's incoming
+    gradients ``grads``, in place (fresh tensors from the consumers' backward; an expanded one,
+    with a zero stride, is copied first)."""
+    out = list(grads)
+    _, _, items, h0 = node.place
+    for i, nr in inputs:
+        part, node.pending[i] = node.pending[i], None
+        if part is None:
+            continue
+        grad = out[nr]
+        if grad is None:
+            raise RuntimeError(
+                "the cofactor regulariser's in-place gradients (native_heads.inplace_grads) need "
+                "a gradient of its queries and keys from elsewhere in the same backward pass (the "
+                "task loss's), got none: differentiate the regulariser alone with them off"
+            )
+        if 0 in grad.stride():
+            out[nr] = grad = grad.clone()
+        grad[:items, h0 : h0 + part.shape[1]].add_(part)
+    return tuple(out)
 
 
 def heads_penalty(
     qs: Sequence[Tensor], ks: Sequence[Tensor], idx: Sequence[int], items: int,
-    scale: float, beta: float, eps: float, *, sparse_grad: bool = False,
+    scale: float, beta: float, eps: float, *, inplace_grad: bool = False,
 ) -> Tensor:  # fmt: skip
     """:class:`CausalHeadsPenalty` of heads ``idx`` of the first ``items`` items of each layer's
     queries and keys ``qs``, ``ks`` (``(B, H, n, d)`` each, ``d`` contiguous: a forward's views
     of its projection). A run of consecutive heads is read in place (no view or copy: the
-    kernel takes the first head's address); other choices are gathered. ``sparse_grad``: the
-    run's gradients as sparse tensors (:class:`CausalHeadsPenalty`), for views (not leaves) that
-    take a dense gradient from elsewhere in the same backward pass: with none, a view's own
-    backward step refuses the sparse one. :func:`sparse_grads` switches it on for the harness's
-    regulariser."""
+    kernel takes the first head's address); other choices are gathered. ``inplace_grad``: the
+    run's gradients are added by a pre-hook on the nodes that made the inputs (one per node: a
+    layer's queries and keys come from one) into the gradients the rest of the backward pass
+    gives them, in place (:class:`CausalHeadsPenalty`), for views (not leaves) whose other
+    consumers give them fresh gradients of their own, as an attention does; with none, the hook
+    refuses. :func:`inplace_grads` switches it on for the harness's regulariser."""
     idx, ts = list(idx), [*qs, *ks]
     if idx == list(range(idx[0], idx[0] + len(idx))):  # in place
-        if any(t.grad_fn is None for t in ts):  # a leaf's gradient stays dense
-            sparse_grad = False
-        spec = (scale, beta, eps, items, idx[0], len(idx), sparse_grad)
-        return CausalHeadsPenalty.apply(spec, *ts)
+        if any(t.grad_fn is None for t in ts):  # a leaf's gradient comes from the backward
+            inplace_grad = False
+        spec = (scale, beta, eps, items, idx[0], len(idx), inplace_grad)
+        loss = CausalHeadsPenalty.apply(spec, *ts)
+        if inplace_grad and loss.grad_fn is not None:  # one pre-hook per node that made inputs
+            made: dict[Any, list[tuple[int, int]]] = {}
+            for i, t in enumerate(ts):
+                made.setdefault(t.grad_fn, []).append((i, t.output_nr))
+            for fn, inputs in made.items():
+                fn.register_prehook(functools.partial(_add_pending, loss.grad_fn, inputs))
+        return loss
     pick = [t[:items, idx] for t in ts]
     return CausalHeadsPenalty.apply((scale, beta, eps, items, 0, len(idx), False), *pick)

@@ -61,7 +61,7 @@ from .cofactors import (
     lu_cofactors,
 )
 from .heads import attention_probs, head_probs, head_qk, head_qk_views, select_heads
-from .native_heads import CausalHeadsPenalty, HeadMatrices, heads_penalty, sparse_grads_on
+from .native_heads import CausalHeadsPenalty, HeadMatrices, heads_penalty, inplace_grads_on
 
 __all__ = [
     "PENALTY_METHODS",
@@ -405,7 +405,7 @@ def regularizer(
             items = qs[0].shape[0] if max_items is None else min(max_items, qs[0].shape[0])
             scale = _logit_scale(qs[0].shape[-1], temperature)
             return heads_penalty(qs, ks, idx, items, scale, float(beta), float(eps),
-                                 sparse_grad=sparse_grads_on())  # fmt: skip
+                                 inplace_grad=inplace_grads_on())  # fmt: skip
         qk = head_qk(model, output, layers=layers, heads=heads, max_items=max_items)
         if qk is not None:
             q, k, temperature = qk  # (layers, B, h, n, d)

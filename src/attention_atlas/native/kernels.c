@@ -1,8 +1,9 @@
 /* Native CPU kernels of the Fiber Bundle Transformer's hot paths, of the cofactor regulariser's
  * causal heads and of the SSM's intra-chunk decay mask (attention_atlas.native).
  *
- * Plain C, no Python or torch headers: built once per machine by attention_atlas/native/build.py
- * (gcc -O3 -march=native -fopenmp-simd), loaded with ctypes, called on contiguous CPU tensors.
+ * Plain C, no Python or torch headers: built once per machine by attention_atlas.native
+ * (gcc -O3 -march=native -fopenmp-simd -fno-trapping-math), loaded with ctypes, called on
+ * contiguous CPU tensors.
  * Each kernel is generated twice from one macro, for float (suffix _f32) and double (_f64);
  * the float64 build is what the tests compare with the library's references and gradcheck.
  *

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .. import native
 from ..atomic import atomic_path, atomic_write_text
 from ..attention.registry import get_regularizer
-from ..cofactor.native_heads import sparse_grads
+from ..cofactor.native_heads import inplace_grads
 from ..data import ArrayTask, TextCorpus, make_sampler
 from ..models import ModelConfig, Transformer, param_counts
 from ..profiling import phase
@@ -304,9 +304,9 @@ def _optimiser_step(
     for spec in cfg.regularizers:
         fn = get_regularizer(spec["name"])[0]
         opts = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-        # after an eager forward the logits' loss gives every head's queries and keys a dense
-        # gradient, so the cofactor regulariser's may be sparse (sparse_grads says when not)
-        with phase(f"regularizer/{spec['name']}"), sparse_grads(not isinstance(ddp, CompiledSteps)):
+        eager = not isinstance(ddp, CompiledSteps)  # then the logits' loss gives each head's
+        # queries and keys a gradient the cofactor regulariser adds its own into (inplace_grads)
+        with phase(f"regularizer/{spec['name']}"), inplace_grads(eager):
             r = fn(run.model, out, (x, y), **opts)
         total = total + float(spec.get("weight", 1.0)) * r
         acc["reg"][spec["name"]] = acc["reg"].get(spec["name"], 0.0) + float(r.detach())
