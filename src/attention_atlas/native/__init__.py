@@ -8,7 +8,7 @@ cost on a CPU is their number and their memory traffic, not their arithmetic (ch
 kernels in ``kernels.c`` do the same maths in one loop each, with every intermediate in
 registers or the first-level cache. They are plain C (no Python or torch headers), built once
 per machine with the system's C compiler (``$CC``, else ``cc`` or ``gcc``; ``-O3
--march=native -fno-trapping-math``, 30 to 60 s of one core with gcc 12) into a cache folder, loaded with
+-march=native``, 30 to 60 s of one core with gcc 12) into a cache folder, loaded with
 :mod:`ctypes` and called on contiguous CPU tensors; float32 and float64.
 
 They are **opt-in**: ``with native.enabled(True): ...`` (or ``TrainConfig(native=True)``,
@@ -59,12 +59,7 @@ __all__ = [
 
 #: the C source of the kernels
 SOURCE = Path(__file__).with_name("kernels.c")
-#: ``-fno-trapping-math`` lets the compiler select between the two sides of a float comparison
-#: with vector blends (no operation's value changes: the kernels read no floating-point exception
-#: flags): without it a 256-bit (AVX2) build left the loop of the cofactor heads' exponentials
-#: scalar, half of that kernel's time, where an AVX-512 build masks it
-_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", "-fPIC", "-shared",
-          "-std=c99")  # fmt: skip
+_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c99")
 
 _state = threading.local()
 _lock = threading.Lock()
