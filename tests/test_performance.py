@@ -237,8 +237,10 @@ def test_other_machines_records_are_read_beside_the_reference_ones(tmp_path):
 
     ref = native_record(0.006, 2.8, 1.04, "AMD EPYC")
     ref["provenance"]["cpu"] = "AMD EPYC"
+    del ref["provenance"]["cpu_id"]  # a record made before cpu_id was stored: the name alone
     other = native_record(0.008, 3.5, 1.08, "Intel Xeon")
     other["provenance"]["cpu"] = "Intel Xeon"
+    other["provenance"]["cpu_id"] = "GenuineIntel 6/106/6 avx avx2 avx512f fma"
     bench_records.store_bench(ref, "train-book-native", root=tmp_path)
     bench_records.store_bench(other, "train-book-native", root=tmp_path, machine="intel-xeon")
     found = steps.other_machine_records("native", root=str(tmp_path))
@@ -247,8 +249,9 @@ def test_other_machines_records_are_read_beside_the_reference_ones(tmp_path):
     assert steps.other_machine_records("compiled", root=str(tmp_path)) == {}
     text = steps.machine_sentence("intel-xeon", found["intel-xeon"], {"book": ref})
     assert text.startswith(
-        "Machine intel-xeon: at the book shape its dot-product step takes 8.00 ms (Intel Xeon) "
-        "against 6.00 ms on the reference machine (AMD EPYC)."
+        "Machine intel-xeon: at the book shape its dot-product step takes 8.00 ms (Intel Xeon; "
+        "GenuineIntel 6/106/6 avx avx2 avx512f fma) against 6.00 ms on the reference machine "
+        "(AMD EPYC)."
     )
     assert "fiber_bundle 3.50x" in text and "goal (3) not met" in text
     assert "the cofactor regulariser (goal: at most 5% of a step): at the book shape 7.4%" in text

@@ -190,11 +190,11 @@ def machine_sentence(
         return f"No training-step record of machine {label!r} is stored."
     parts = []
     for shape, rec in records.items():
-        cpu = rec.get("provenance", {}).get("cpu") or "unnamed processor"
+        cpu = _processor(rec)
         text = f"at the {shape} shape its dot-product step takes {1e3 * rec['results']['dot']['step']['median_s']:.2f} ms ({cpu})"
         ref = reference.get(shape)
         if ref is not None:
-            ref_cpu = ref.get("provenance", {}).get("cpu") or "unnamed processor"
+            ref_cpu = _processor(ref)
             text += f" against {1e3 * ref['results']['dot']['step']['median_s']:.2f} ms on the reference machine ({ref_cpu})"
         parts.append(text)
     frames = {shape: native_frame(rec) for shape, rec in records.items()}
@@ -204,6 +204,14 @@ def machine_sentence(
         + regularizer_sentence(shares, "With the native kernels there, the cofactor regulariser")
     )  # fmt: skip
     return text + " " + _goal_flips(_goals_met(records), _goals_met(reference))
+
+
+def _processor(record: dict[str, Any]) -> str:
+    """A record's processor: its model name and, where stored, its ``cpu_id`` (family, model,
+    stepping and vector units: one name can cover processors with different vector units)."""
+    prov = record.get("provenance", {})
+    cpu = prov.get("cpu") or "unnamed processor"
+    return f"{cpu}; {prov['cpu_id']}" if prov.get("cpu_id") else cpu
 
 
 def _goals_met(records: dict[str, dict[str, Any]]) -> dict[tuple[str, str], bool]:
