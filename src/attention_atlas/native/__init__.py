@@ -214,9 +214,17 @@ def library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """One line: whether the native kernels are built and loaded here, or why not."""
+    """One line: whether the native kernels are built and loaded here, or why not; on a
+    processor without AVX-512 (:func:`~attention_atlas.provenance.cpu_id`), that the Fiber
+    Bundle and Riemannian kernels are slower there than the PyTorch paths (their vectors of 16
+    floats are kept as halves in memory: README, the AMD EPYC 7003 records)."""
     lib = library()
-    return "native kernels loaded" if lib is not None else f"native kernels unavailable: {_error}"
+    if lib is None:
+        return f"native kernels unavailable: {_error}"
+    if platform.machine() in ("x86_64", "AMD64") and "avx512f" not in cpu_id().split():
+        return ("native kernels loaded (no AVX-512 here: the Fiber Bundle and Riemannian "
+                "kernels run slower than the PyTorch paths on such a processor)")  # fmt: skip
+    return "native kernels loaded"
 
 
 def applies(*tensors: Tensor) -> bool:
