@@ -216,8 +216,8 @@ def library() -> ctypes.CDLL | None:
 def status() -> str:
     """One line: whether the native kernels are built and loaded here, or why not; on a
     processor without AVX-512 (:func:`~attention_atlas.provenance.cpu_id`), that the Fiber
-    Bundle and Riemannian kernels are slower there than the PyTorch paths (their vectors of 16
-    floats are kept as halves in memory: README, the AMD EPYC 7003 records)."""
+    Bundle and Riemannian kernels are slower there than the PyTorch paths (gcc splits the
+    operations on their vectors of 16 floats: README, the AMD EPYC 7003 records)."""
     lib = library()
     if lib is None:
         return f"native kernels unavailable: {_error}"
