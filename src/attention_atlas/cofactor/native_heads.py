@@ -219,7 +219,7 @@ def heads_penalty(
     refuses. :func:`inplace_grads` switches it on for the harness's regulariser."""
     idx, ts = list(idx), [*qs, *ks]
     if idx == list(range(idx[0], idx[0] + len(idx))):  # in place
-        if any(t.grad_fn is None for t in ts):  # a leaf's gradient comes from the backward
+        if any(t.grad_fn is None for t in ts):  # a leaf has no node to hook: dense gradients
             inplace_grad = False
         spec = (scale, beta, eps, items, idx[0], len(idx), inplace_grad)
         loss = CausalHeadsPenalty.apply(spec, *ts)
