@@ -5,8 +5,10 @@ level; without a compiler the PyTorch paths run."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -238,10 +240,15 @@ def test_native_functions_pass_gradcheck(name: str) -> None:
 _LANES = (1, 3, 7, 2, 2, 16)
 
 
+@pytest.mark.parametrize("lanes", [1, 0])
 @pytest.mark.parametrize("strided", [False, True])
-def test_skew_lanes_pass_gradcheck(strided: bool) -> None:
-    """The skew kernels' lane path (d = 16) passes gradcheck, x contiguous or a transposed view."""
-    assert NF.TOKEN_LANES == 1
+def test_skew_lanes_pass_gradcheck(
+    strided: bool, lanes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The skew kernels' lane path and token path (d = 16) pass gradcheck, x contiguous or a
+    transposed view."""
+    monkeypatch.setattr(NF, "TOKEN_LANES", lanes)
+    assert NF.token_lanes() == lanes
     b, q, h, pairs, r, d = _LANES
     g = torch.Generator().manual_seed(11)
     wt = torch.randn(b, q, h, 2 * pairs, r, d, dtype=DT, generator=g).requires_grad_()
@@ -270,9 +277,11 @@ def _skew_kernels(wt, x, w, gy, lanes: int):  # type: ignore[no-untyped-def]
     return y, dwt, dx, dw
 
 
-def test_projection_lanes_pass_gradcheck() -> None:
-    """The metric-aware projection's lane path (d = 16): queries a (B, H, L, d) view of a
-    (B, L, H, d) tensor (21 tokens: a block and a tail), keys contiguous."""
+@pytest.mark.parametrize("lanes", [1, 0])
+def test_projection_lanes_pass_gradcheck(lanes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metric-aware projection's lane path and token path (d = 16): queries a (B, H, L, d)
+    view of a (B, L, H, d) tensor (21 tokens: a block and a tail), keys contiguous."""
+    monkeypatch.setattr(NF, "TOKEN_LANES", lanes)
     g = torch.Generator().manual_seed(13)
     args = [torch.randn(s, dtype=DT, generator=g).requires_grad_()
             for s in [(21, 3, 16), (), (1, 7, 3, 16), (21, 16)]]  # fmt: skip
@@ -683,16 +692,80 @@ def test_fused_causal_heads_take_fused_multiply_adds_at_level_3() -> None:
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
-def test_the_status_says_where_the_16_float_kernels_are_slow(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Without AVX-512 (an AMD EPYC 7003: the README's records) the status line says that the
-    Fiber Bundle and Riemannian kernels are slower than the PyTorch paths; with it, not."""
-    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(native, "cpu_id", lambda: "AuthenticAMD 25/1/1 avx avx2 fma")
-    assert native.status() == (
-        "native kernels loaded (no AVX-512 here: the Fiber Bundle and Riemannian kernels run "
-        "slower than the PyTorch paths on such a processor)"
-    )
-    monkeypatch.setattr(native, "cpu_id", lambda: "AuthenticAMD 25/17/1 avx avx2 avx512f fma")
-    assert native.status() == "native kernels loaded"
+def _pairwise_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
+    """Every output of the pairwise kernels of ``lib`` (a ctypes library of ``kernels.c``) at
+    head dimension 16: causal at level 2 (the base formed inside) and at level 1, and over every
+    pair, forward and backward; ranks 4 (an unrolled body) and 3; L = 37 (blocks of 16 cut short,
+    tiles of 32 and a tail)."""
+    native._declare(lib)
+    suf = "f64" if dtype == torch.float64 else "f32"
+    fwd, bwd = getattr(lib, f"pairwise_forward_{suf}"), getattr(lib, f"pairwise_backward_{suf}")
+    outs = []
+    for r in (4, 3):
+        g = torch.Generator().manual_seed(r)
+        n, seq = 3, 37
+        ut = torch.randn(n, seq, r, 16, dtype=dtype, generator=g)
+        x = torch.randn(n, 2 * seq, 16, dtype=dtype, generator=g)
+        row, col = torch.randn(2, n, seq, dtype=dtype, generator=g)
+        grad = torch.randn(n, seq, seq, dtype=dtype, generator=g)
+        for causal, base in ((1, True), (1, False), (0, False)):
+            out = torch.zeros(n, seq, seq, dtype=dtype)
+            dut, dx = torch.empty_like(ut), torch.empty_like(x)
+            c1 = 0.7 if base else 0.0
+            fwd(
+                ut.data_ptr(),
+                x.data_ptr(),
+                out.data_ptr(),
+                n,
+                seq,
+                r,
+                16,
+                0.3,
+                causal,
+                row.data_ptr() if base else None,
+                col.data_ptr() if base else None,
+                c1,
+            )
+            bwd(ut.data_ptr(), x.data_ptr(), grad.data_ptr(), dut.data_ptr(), dx.data_ptr(), n,
+                seq, r, 16, 0.3, causal, c1)  # fmt: skip
+            outs += [out, dut, dx]
+    return outs
+
+
+def test_the_pairwise_kernels_give_the_same_bits_in_halves(tmp_path: Path) -> None:
+    """The pairwise kernels' d = 16 bodies hold 16 lanes per vector value where the processor
+    has registers for them (x86 with AVX-512) and 8 elsewhere, each block of 16 then taken as
+    two halves: both widths give the same bits (built here with ``-DVW=8`` and ``-DVW=16``
+    without optimisation: gcc neither fuses nor reorders float operations at any level), and so
+    does the build that runs here (-O3, ``native.vector_lanes()`` lanes); float and double."""
+    cc = native._compiler()
+    assert cc is not None, native.status()
+    libs = []
+    for vw in (8, 16):
+        so = tmp_path / f"kernels-{vw}.so"
+        subprocess.run([cc, "-O0", "-fPIC", "-shared", "-std=c99", f"-DVW={vw}",
+                        str(native.SOURCE), "-o", str(so), "-lm"], check=True)  # fmt: skip
+        libs.append(ctypes.CDLL(str(so)))
+    assert [lib.vector_lanes() for lib in libs] == [8, 16]
+    here = native.library()
+    assert here is not None, native.status()
+    assert native.vector_lanes() in (8, 16)
+    for dtype in (torch.float32, torch.float64):
+        want = _pairwise_outputs(here, dtype)
+        for lib in libs:
+            got = _pairwise_outputs(lib, dtype)
+            for a, b in zip(want, got):
+                assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+        assert torch.isneginf(want[0][0, 0, 1])  # causal: -inf above the diagonal
+
+
+def test_the_token_kernels_path_follows_the_vector_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, the per-token kernels take the lanes where the kernels' vectors hold 16 floats
+    and the token-by-token path elsewhere; set, the setting."""
+    monkeypatch.setattr(NF, "TOKEN_LANES", None)
+    monkeypatch.setattr(NF, "vector_lanes", lambda: 16)
+    assert NF.token_lanes() == 1
+    monkeypatch.setattr(NF, "vector_lanes", lambda: 8)
+    assert NF.token_lanes() == 0
+    monkeypatch.setattr(NF, "TOKEN_LANES", 1)
+    assert NF.token_lanes() == 1

@@ -55,6 +55,7 @@ __all__ = [
     "kernel",
     "library",
     "status",
+    "vector_lanes",
 ]
 
 #: the C source of the kernels
@@ -214,17 +215,20 @@ def library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """One line: whether the native kernels are built and loaded here, or why not; on a
-    processor without AVX-512 (:func:`~attention_atlas.provenance.cpu_id`), that the Fiber
-    Bundle and Riemannian kernels are slower there than the PyTorch paths (gcc splits the
-    operations on their vectors of 16 floats: README, the AMD EPYC 7003 records)."""
+    """One line: whether the native kernels are built and loaded here, or why not."""
     lib = library()
     if lib is None:
         return f"native kernels unavailable: {_error}"
-    if platform.machine() in ("x86_64", "AMD64") and "avx512f" not in cpu_id().split():
-        return ("native kernels loaded (no AVX-512 here: the Fiber Bundle and Riemannian "
-                "kernels run slower than the PyTorch paths on such a processor)")  # fmt: skip
     return "native kernels loaded"
+
+
+def vector_lanes() -> int:
+    """The lanes of the pairwise kernels' vector values in the loaded build (``VW`` in
+    ``kernels.c``): 16 where 16 floats fit one vector register (x86 with AVX-512), else 8 (each
+    block of 16 keys or head columns then taken as two halves: the same bits); 0 where the
+    kernels do not load."""
+    lib = library()
+    return int(lib.vector_lanes()) if lib is not None else 0
 
 
 def applies(*tensors: Tensor) -> bool:
