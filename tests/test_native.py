@@ -692,19 +692,25 @@ def test_fused_causal_heads_take_fused_multiply_adds_at_level_3() -> None:
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
-def _pairwise_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
-    """Every output of the pairwise kernels of ``lib`` (a ctypes library of ``kernels.c``) at
-    head dimension 16: causal at level 2 (the base formed inside) and at level 1, and over every
-    pair, forward and backward; ranks 4 (an unrolled body) and 3; L = 37 (blocks of 16 cut short,
-    tiles of 32 and a tail)."""
+def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
+    """Every output of the kernels of ``lib`` (a ctypes library of ``kernels.c``) whose d = 16
+    bodies work on VW-lane vector values, at head dimension 16: the pairwise kernels causal at
+    level 2 (the base formed inside), at level 1 and over every pair, forward and backward; the
+    Woodbury kernels and the Fiber Bundle terms (tokens staged by 16 x 16 transposes); ranks 4
+    (an unrolled body) and 3; L = 37 (blocks of 16 cut short, tiles of 32 and a tail)."""
     native._declare(lib)
-    suf = "f64" if dtype == torch.float64 else "f32"
-    fwd, bwd = getattr(lib, f"pairwise_forward_{suf}"), getattr(lib, f"pairwise_backward_{suf}")
+
+    def fn(name: str):  # type: ignore[no-untyped-def]
+        return getattr(lib, f"{name}_{'f64' if dtype == torch.float64 else 'f32'}")
+
+    def ptr(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
     outs = []
     for r in (4, 3):
         g = torch.Generator().manual_seed(r)
         n, seq = 3, 37
-        ut = torch.randn(n, seq, r, 16, dtype=dtype, generator=g)
+        ut = torch.randn(n, seq, r, 16, dtype=dtype, generator=g) / 2
         x = torch.randn(n, 2 * seq, 16, dtype=dtype, generator=g)
         row, col = torch.randn(2, n, seq, dtype=dtype, generator=g)
         grad = torch.randn(n, seq, seq, dtype=dtype, generator=g)
@@ -712,32 +718,32 @@ def _pairwise_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
             out = torch.zeros(n, seq, seq, dtype=dtype)
             dut, dx = torch.empty_like(ut), torch.empty_like(x)
             c1 = 0.7 if base else 0.0
-            fwd(
-                ut.data_ptr(),
-                x.data_ptr(),
-                out.data_ptr(),
-                n,
-                seq,
-                r,
-                16,
-                0.3,
-                causal,
-                row.data_ptr() if base else None,
-                col.data_ptr() if base else None,
-                c1,
-            )
-            bwd(ut.data_ptr(), x.data_ptr(), grad.data_ptr(), dut.data_ptr(), dx.data_ptr(), n,
-                seq, r, 16, 0.3, causal, c1)  # fmt: skip
+            rc = (ptr(row), ptr(col)) if base else (None, None)
+            fn("pairwise_forward")(ptr(ut), ptr(x), ptr(out), n, seq, r, 16, 0.3, causal, *rc, c1)
+            fn("pairwise_backward")(ptr(ut), ptr(x), ptr(grad), ptr(dut), ptr(dx), n, seq, r, 16,
+                                    0.3, causal, c1)  # fmt: skip
             outs += [out, dut, dx]
+        tokens = n * seq
+        y, dxw = torch.empty(2, tokens, 16, dtype=dtype)
+        dutw = torch.empty_like(ut)
+        dy = torch.randn(tokens, 16, dtype=dtype, generator=g)
+        xw = x[:, :seq].contiguous()  # held: the kernel reads it after ptr() returns
+        fn("woodbury_forward")(ptr(ut), ptr(xw), ptr(y), tokens, r, 16)
+        fn("woodbury_backward")(ptr(ut), ptr(y), ptr(dy), ptr(dxw), ptr(dutw), tokens, r, 16)
+        terms, dut = torch.empty(5, dtype=torch.float64), torch.empty_like(ut)
+        w = torch.tensor([1.0, 0.5, 0.25, 1.0, 0.1], dtype=torch.float64)
+        fn("fbt_terms")(ptr(ut), ptr(dut), ptr(terms), n, seq, r, 16, ptr(w), 0.1, 2.0, 0.5, 1)
+        outs += [y, dxw, dutw, terms, dut]
     return outs
 
 
-def test_the_pairwise_kernels_give_the_same_bits_in_halves(tmp_path: Path) -> None:
-    """The pairwise kernels' d = 16 bodies hold 16 lanes per vector value where the processor
-    has registers for them (x86 with AVX-512) and 8 elsewhere, each block of 16 then taken as
-    two halves: both widths give the same bits (built here with ``-DVW=8`` and ``-DVW=16``
-    without optimisation: gcc neither fuses nor reorders float operations at any level), and so
-    does the build that runs here (-O3, ``native.vector_lanes()`` lanes); float and double."""
+def test_the_vector_kernels_give_the_same_bits_in_halves(tmp_path: Path) -> None:
+    """The kernels' d = 16 bodies hold 16 lanes per vector value where the processor has
+    registers for them (x86 with AVX-512) and 8 elsewhere, each block of 16 then taken as two
+    halves (and a 16 x 16 transpose as four of 8 x 8): both widths give the same bits (built
+    here with ``-DVW=8`` and ``-DVW=16`` without optimisation: gcc neither fuses nor reorders
+    float operations at any level), and so does the build that runs here (-O3,
+    ``native.vector_lanes()`` lanes); float and double."""
     cc = native._compiler()
     assert cc is not None, native.status()
     libs = []
@@ -751,12 +757,13 @@ def test_the_pairwise_kernels_give_the_same_bits_in_halves(tmp_path: Path) -> No
     assert here is not None, native.status()
     assert native.vector_lanes() in (8, 16)
     for dtype in (torch.float32, torch.float64):
-        want = _pairwise_outputs(here, dtype)
+        want = _vector_outputs(here, dtype)
+        assert torch.isneginf(want[0][0, 0, 1])  # causal: -inf above the diagonal
+        assert not any(bool(t.isnan().any() or t.isposinf().any()) for t in want)
         for lib in libs:
-            got = _pairwise_outputs(lib, dtype)
+            got = _vector_outputs(lib, dtype)
             for a, b in zip(want, got):
                 assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
-        assert torch.isneginf(want[0][0, 0, 1])  # causal: -inf above the diagonal
 
 
 def test_the_token_kernels_path_follows_the_vector_lanes(monkeypatch: pytest.MonkeyPatch) -> None:

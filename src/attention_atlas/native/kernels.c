@@ -340,7 +340,8 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                 const T* gi = grad + i * L;                                                    \
                 for (long jb = j0; jb < j1; jb += JB) {                                        \
                     if (d == 16 && JB == 16 && jb + JB <= j1) {  /* as below, in registers */  \
-                      for (long h = 0; h < 16; h += VW) {  /* VW keys at a time */             \
+                      /* VW keys at a time; none past the diagonal (j > i: weights 0, never read) */\
+                      for (long h = 0; h < 16 && !(causal && jb + h > i); h += VW) {           \
                         const long jh = jb + h;                                                \
                         VW_##SUF ev[RMAX], fv[RMAX], gv, wv, w2v, dbv;                         \
                         block_terms16_##SUF(u + i * R * 16, q + i * 16, a + i * R, kT, uT, b, Lp,\
@@ -604,6 +605,27 @@ DEFINE_KERNELS(double, f64)
 #define INLINE_F64 __attribute__((noinline))
 typedef int M16_f32 __attribute__((vector_size(64)));
 typedef long long M16_f64 __attribute__((vector_size(128)));
+/* the masks of VW-lane values (transpose16): interleave the first halves, the second halves */
+typedef int MW_f32 __attribute__((vector_size(VW * 4)));
+typedef long long MW_f64 __attribute__((vector_size(VW * 8)));
+#if VW == 16
+#define SHUFFLE_MASK_LO {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
+#define SHUFFLE_MASK_HI {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31}
+#define SHUFFLE_W_LO SHUFFLE_LO
+#define SHUFFLE_W_HI SHUFFLE_HI
+#elif VW == 8
+#define SHUFFLE_MASK_LO {0, 8, 1, 9, 2, 10, 3, 11}
+#define SHUFFLE_MASK_HI {4, 12, 5, 13, 6, 14, 7, 15}
+#if defined(__clang__)
+#define SHUFFLE_W_LO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11)
+#define SHUFFLE_W_HI(a, b) __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15)
+#else
+#define SHUFFLE_W_LO(a, b) __builtin_shuffle(a, b, lo)
+#define SHUFFLE_W_HI(a, b) __builtin_shuffle(a, b, hi)
+#endif
+#else
+#error "VW must be 8 or 16"
+#endif
 #define DEFINE_TRANSPOSE(T, SUF, INLINE)                                                       \
 static INLINE void shuffle_rounds_##SUF(V16_##SUF v[16]) {                                     \
     const M16_##SUF lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};             \
@@ -618,12 +640,29 @@ static INLINE void shuffle_rounds_##SUF(V16_##SUF v[16]) {                      
         memcpy(v, w, sizeof w);                                                                \
     }                                                                                          \
 }                                                                                              \
+/* the same rounds on VW-lane values: log2(VW) rounds transpose a VW x VW block */             \
+static INLINE void shuffle_rounds_w_##SUF(VW_##SUF v[VW]) {                                    \
+    const MW_##SUF lo = SHUFFLE_MASK_LO, hi = SHUFFLE_MASK_HI;                                 \
+    (void)lo; (void)hi;                                                                        \
+    VW_##SUF w[VW];                                                                            \
+    for (int round = 0; (1 << round) < VW; ++round) {                                          \
+        for (long j = 0; j < VW / 2; ++j) {                                                    \
+            w[2 * j] = SHUFFLE_W_LO(v[j], v[j + VW / 2]);                                      \
+            w[2 * j + 1] = SHUFFLE_W_HI(v[j], v[j + VW / 2]);                                  \
+        }                                                                                      \
+        memcpy(v, w, sizeof w);                                                                \
+    }                                                                                          \
+}                                                                                              \
+/* a 16 x 16 block as (16 / VW)^2 transposed blocks of VW x VW (one at VW = 16) */             \
 static INLINE void transpose16_##SUF(                                                          \
         const T* RESTRICT src, long ss, T* RESTRICT dst, long ds) {                            \
-    V16_##SUF v[16];                                                                           \
-    for (long l = 0; l < 16; ++l) memcpy(&v[l], src + l * ss, sizeof v[l]);                   \
-    shuffle_rounds_##SUF(v);                                                                   \
-    for (long i = 0; i < 16; ++i) memcpy(dst + i * ds, &v[i], sizeof v[i]);                   \
+    for (long bi = 0; bi < 16; bi += VW)                                                       \
+        for (long bj = 0; bj < 16; bj += VW) {                                                 \
+            VW_##SUF v[VW];                                                                    \
+            for (long l = 0; l < VW; ++l) memcpy(&v[l], src + (bi + l) * ss + bj, sizeof v[l]);\
+            shuffle_rounds_w_##SUF(v);                                                         \
+            for (long i = 0; i < VW; ++i) memcpy(dst + (bj + i) * ds + bi, &v[i], sizeof v[i]);\
+        }                                                                                      \
 }
 DEFINE_TRANSPOSE(float, f32, INLINE_F32)
 DEFINE_TRANSPOSE(double, f64, INLINE_F64)
