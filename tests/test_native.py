@@ -248,7 +248,6 @@ def test_skew_lanes_pass_gradcheck(
     """The skew kernels' lane path and token path (d = 16) pass gradcheck, x contiguous or a
     transposed view."""
     monkeypatch.setattr(NF, "TOKEN_LANES", lanes)
-    assert NF.token_lanes() == lanes
     b, q, h, pairs, r, d = _LANES
     g = torch.Generator().manual_seed(11)
     wt = torch.randn(b, q, h, 2 * pairs, r, d, dtype=DT, generator=g).requires_grad_()
@@ -696,8 +695,9 @@ def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
     """Every output of the kernels of ``lib`` (a ctypes library of ``kernels.c``) whose d = 16
     bodies work on VW-lane vector values, at head dimension 16: the pairwise kernels causal at
     level 2 (the base formed inside), at level 1 and over every pair, forward and backward; the
-    Woodbury kernels and the Fiber Bundle terms (tokens staged by 16 x 16 transposes); ranks 4
-    (an unrolled body) and 3; L = 37 (blocks of 16 cut short, tiles of 32 and a tail)."""
+    Woodbury kernels and the Fiber Bundle terms (tokens staged by 16 x 16 transposes); the
+    projection and skew kernels with tokens as lanes; ranks 4 (an unrolled body) and 3; L = 37
+    (blocks of 16 cut short, tiles of 32 and a tail)."""
     native._declare(lib)
 
     def fn(name: str):  # type: ignore[no-untyped-def]
@@ -734,13 +734,33 @@ def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
         w = torch.tensor([1.0, 0.5, 0.25, 1.0, 0.1], dtype=torch.float64)
         fn("fbt_terms")(ptr(ut), ptr(dut), ptr(terms), n, seq, r, 16, ptr(w), 0.1, 2.0, 0.5, 1)
         outs += [y, dxw, dutw, terms, dut]
+        # the per-token kernels, tokens as lanes (VW per pass)
+        ut3 = ut.reshape(tokens, r, 16)
+        yp, dxp = torch.empty(2, tokens, 16, dtype=dtype)
+        dutp = torch.zeros_like(ut3)
+        tok = (tokens, 1, 1, 16, 0, 0)
+        fn("projection_forward")(ptr(ut3), ptr(xw), ptr(yp), *tok, r, 16, 0.3, 1)
+        ds = fn("projection_backward")(ptr(ut3), ptr(xw), ptr(dy), ptr(dxp), ptr(dutp), *tok, r,
+                                       16, 0.3, 1)  # fmt: skip
+        wt = torch.randn(1, tokens, 1, 4, r, 16, dtype=dtype, generator=g)
+        ws = torch.rand(2, dtype=dtype, generator=g) + 0.5
+        xq = xw.reshape(1, tokens, 1, 16)
+        ys, dxs, dwt = torch.empty_like(xq), torch.empty_like(xq), torch.empty_like(wt)
+        dw = torch.zeros(2, dtype=torch.float64)
+        ptrs, fs = NF._pair_pointers([wt], 2)
+        dptrs, _ = NF._pair_pointers([dwt], 2)
+        sk = (1, tokens, 1, *xq.stride()[:3], 2, r, 16, fs, 1)
+        fn("skew_forward")(ptr(ptrs), ptr(xq), ptr(ws), ptr(ys), *sk)
+        fn("skew_backward")(ptr(ptrs), ptr(xq), ptr(dy), ptr(ws), ptr(dptrs), ptr(dxs), ptr(dw),
+                            *sk)  # fmt: skip
+        outs += [yp, dxp, dutp, torch.tensor([ds]), ys, dxs, dwt, dw]
     return outs
 
 
 def test_the_vector_kernels_give_the_same_bits_in_halves(tmp_path: Path) -> None:
     """The kernels' d = 16 bodies hold 16 lanes per vector value where the processor has
     registers for them (x86 with AVX-512) and 8 elsewhere, each block of 16 then taken as two
-    halves (and a 16 x 16 transpose as four of 8 x 8): both widths give the same bits (built
+    halves (8 tokens per pass, a 16 x 16 transpose as four of 8 x 8): both widths give the same bits (built
     here with ``-DVW=8`` and ``-DVW=16`` without optimisation: gcc neither fuses nor reorders
     float operations at any level), and so does the build that runs here (-O3,
     ``native.vector_lanes()`` lanes); float and double."""
@@ -764,15 +784,3 @@ def test_the_vector_kernels_give_the_same_bits_in_halves(tmp_path: Path) -> None
             got = _vector_outputs(lib, dtype)
             for a, b in zip(want, got):
                 assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
-
-
-def test_the_token_kernels_path_follows_the_vector_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset, the per-token kernels take the lanes where the kernels' vectors hold 16 floats
-    and the token-by-token path elsewhere; set, the setting."""
-    monkeypatch.setattr(NF, "TOKEN_LANES", None)
-    monkeypatch.setattr(NF, "vector_lanes", lambda: 16)
-    assert NF.token_lanes() == 1
-    monkeypatch.setattr(NF, "vector_lanes", lambda: 8)
-    assert NF.token_lanes() == 0
-    monkeypatch.setattr(NF, "TOKEN_LANES", 1)
-    assert NF.token_lanes() == 1

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import MAX_RANK, call, kernel, vector_lanes
+from . import MAX_RANK, call, kernel
 
 __all__ = [
     "CausalPairwiseTerms",
@@ -139,24 +139,14 @@ class PairwiseTerms(torch.autograd.Function):
 
 
 #: the path of the per-token kernels of :class:`MetricProjection` and :class:`SkewFactorsApply`
-#: for head dimension 16: 16 tokens per pass as the lanes of vector values (1), token by token
-#: (0), or ``None``: per processor (:func:`token_lanes`). The float build gives the same bits
-#: either way (each sum over the head dimension a chain in the order c = 0..15, the scalar
-#: gradients summed token by token: tested); the double build's token-by-token sums are
-#: vectorised by the compiler, so its last bits differ (no run trains in float64)
-TOKEN_LANES: int | None = None
-
-
-def token_lanes() -> int:
-    """The per-token kernels' path (:data:`TOKEN_LANES`): where it is ``None``, the lanes (1)
-    where the kernels' vector values hold 16 floats in one register
-    (:func:`attention_atlas.native.vector_lanes`: x86 with AVX-512), else token by token (0).
-    The lanes' transposes of 16 x 16 blocks need such registers: on an AMD EPYC 7003 (AVX2) a
-    Fiber Bundle training step at chapter 4's book shape took 45 ms with the lanes against 38 ms
-    token by token (``bench --train``'s ``fiber_bundle`` step, native)."""
-    if TOKEN_LANES is not None:
-        return TOKEN_LANES
-    return 1 if vector_lanes() == 16 else 0
+#: for head dimension 16: tokens as the lanes of vector values, 16 or 8 per pass
+#: (:func:`attention_atlas.native.vector_lanes`) (1), or token by token (0). The float build
+#: gives the same bits either way (each sum over the head dimension a chain in the order
+#: c = 0..15, the scalar gradients summed token by token: tested); the double build's
+#: token-by-token sums are vectorised by the compiler, so its last bits differ (no run trains in
+#: float64). On an AMD EPYC 7003 (AVX2: 8 lanes) the two paths took the same time (the
+#: projection's forward and backward at chapter 4's book shape 0.54 ms, the skew factors' 1.1)
+TOKEN_LANES = 1
 
 
 class MetricProjection(torch.autograd.Function):
@@ -172,7 +162,7 @@ class MetricProjection(torch.autograd.Function):
         for x in xs:
             y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             call("projection_forward", ut, x.data_ptr(), y, *_tokens(x, n), r, d, float(s),
-                 token_lanes())  # fmt: skip
+                 TOKEN_LANES)  # fmt: skip
             ys.append(y)
         ctx.save_for_backward(ut, s, *xs)
         return tuple(ys)
@@ -189,7 +179,7 @@ class MetricProjection(torch.autograd.Function):
                 continue
             dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             ds += float(call("projection_backward", ut, x.data_ptr(), g.contiguous(), dx, d_ut,
-                             *_tokens(x, n), r, d, float(s), token_lanes()) or 0.0)  # fmt: skip
+                             *_tokens(x, n), r, d, float(s), TOKEN_LANES) or 0.0)  # fmt: skip
             dxs.append(dx)
         return (d_ut, s.new_tensor(ds).reshape(s.shape), *dxs)
 
@@ -241,7 +231,7 @@ class SkewFactorsApply(torch.autograd.Function):
         wc = w.detach().contiguous()
         ptrs, fs = _pair_pointers(factors, w.shape[0])
         call("skew_forward", ptrs.data_ptr(), x.data_ptr(), wc, y, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0],
-             r, d, fs, token_lanes())  # fmt: skip
+             r, d, fs, TOKEN_LANES)  # fmt: skip
         ctx.save_for_backward(x, wc, *factors)
         return y
 
@@ -256,7 +246,7 @@ class SkewFactorsApply(torch.autograd.Function):
         dptrs, _ = _pair_pointers(d_factors, w.shape[0])
         call("skew_backward", ptrs.data_ptr(), x.data_ptr(), g.contiguous(), w, dptrs.data_ptr(),
              dx.data_ptr(), dw, *_tokens(x, x.numel() // x.shape[-1]), w.shape[0], r, d, fs,
-             token_lanes())  # fmt: skip
+             TOKEN_LANES)  # fmt: skip
         return (dx, dw.to(w.dtype), *d_factors)
 
 

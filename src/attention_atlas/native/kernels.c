@@ -42,15 +42,14 @@
 /* query rows per block of the causal-head kernels (independent sums in registers) */
 #define RB 4
 
-/* 16 numbers (a head of dimension 16) as one vector value, for accumulators kept in registers */
-typedef float V16_f32 __attribute__((vector_size(64)));
-typedef double V16_f64 __attribute__((vector_size(128)));
-/* The lanes of the pairwise kernels' vector values (the d = 16 bodies): 16 where 16 floats fit
-   one vector register (x86 with AVX-512), else 8, each block of 16 lanes then taken as two
-   halves of 8. Every lane is its own sum (a key j of the block, or a column c of a head), so
-   the halves give the same bits. Without such a register gcc keeps a 16-float value in memory
-   and splits each operation on it: on an AMD EPYC 7003 (AVX2) those bodies took 4.7 times
-   (forward) and 3.7 times (backward) as long as plain loops over the same sums. */
+/* The lanes of the kernels' vector values (accumulators kept in registers): 16 where 16 floats
+   fit one vector register (x86 with AVX-512), else 8. The pairwise kernels' d = 16 bodies then
+   take each block of 16 keys or head columns as two halves of 8, the per-token lane kernels 8
+   tokens per pass, a 16 x 16 transpose as four of 8 x 8. Every lane is its own sum (a key, a
+   column or a token), so both widths give the same bits (tested). Without such a register gcc
+   keeps a 16-float value in memory and splits each operation on it: on an AMD EPYC 7003 (AVX2)
+   the pairwise bodies took 4.7 times (forward) and 3.7 times (backward) as long as plain loops
+   over the same sums. */
 #if !defined(VW) && defined(__AVX512F__)
 #define VW 16
 #elif !defined(VW)
@@ -213,7 +212,7 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
    side: wa = W, sa = -1 with its key, wb = W2, sb = 1; the key side the mirror) */            \
 static inline __attribute__((always_inline)) void pair_sums16_##SUF(                           \
         VW_##SUF au[RMAX], VW_##SUF* ax, const T* RESTRICT xrow, const T* RESTRICT urow,       \
-        const T* RESTRICT wa, T sa, const T* RESTRICT wb, T sb, long R, VW_##SUF* a3,        \
+        const T* RESTRICT wa, T sa, const T* RESTRICT wb, T sb, long R, VW_##SUF* a3,          \
         const T* RESTRICT w3) {                                                                \
     VW_##SUF xv, us;                                                                           \
     memcpy(&xv, xrow, sizeof xv);                                                              \
@@ -587,103 +586,90 @@ DEFINE_KERNELS(double, f64)
 #define SUMS_f32(...)
 #define SUMS_f64(...) PRAGMA_(omp simd reduction(+:__VA_ARGS__))
 
-/* dst[i ds + l] = src[l ss + i] for l, i < 16: a 16 x 16 block transposed in vector registers,
- * four rounds of two-source shuffles (each interleaves rows j and j + 8: after four, a row's
- * and a column's index bits have traded places). Data movement only: the same numbers. */
-#if defined(__clang__)
-#define SHUFFLE_LO(a, b) __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
-#define SHUFFLE_HI(a, b) __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)
-#else
-#define SHUFFLE_LO(a, b) __builtin_shuffle(a, b, lo)
-#define SHUFFLE_HI(a, b) __builtin_shuffle(a, b, hi)
-#endif
-/* The float helpers are inlined (their vectors stay in registers); the double ones, at twice
- * the width and on no training path, are called: inlining them everywhere made the build 3.5
- * times as long (gcc 12 -O3 on one core of an AMD EPYC: 36 s, against 128 s), for no run's
- * benefit. */
-#define INLINE_F32 inline __attribute__((always_inline))
-#define INLINE_F64 __attribute__((noinline))
-typedef int M16_f32 __attribute__((vector_size(64)));
-typedef long long M16_f64 __attribute__((vector_size(128)));
-/* the masks of VW-lane values (transpose16): interleave the first halves, the second halves */
-typedef int MW_f32 __attribute__((vector_size(VW * 4)));
-typedef long long MW_f64 __attribute__((vector_size(VW * 8)));
+/* A VW x VW block transposed in vector registers: log2(VW) rounds of two-source shuffles (each
+ * interleaves rows j and j + VW / 2: after them a row's and a column's index bits have traded
+ * places); a 16 x 16 block as (16 / VW)^2 such blocks. Data movement only: the same numbers. */
 #if VW == 16
 #define SHUFFLE_MASK_LO {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
 #define SHUFFLE_MASK_HI {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31}
-#define SHUFFLE_W_LO SHUFFLE_LO
-#define SHUFFLE_W_HI SHUFFLE_HI
+#if defined(__clang__)
+#define SHUFFLE_LO(a, b) __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
+#define SHUFFLE_HI(a, b) __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)
+#endif
 #elif VW == 8
 #define SHUFFLE_MASK_LO {0, 8, 1, 9, 2, 10, 3, 11}
 #define SHUFFLE_MASK_HI {4, 12, 5, 13, 6, 14, 7, 15}
 #if defined(__clang__)
-#define SHUFFLE_W_LO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11)
-#define SHUFFLE_W_HI(a, b) __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15)
-#else
-#define SHUFFLE_W_LO(a, b) __builtin_shuffle(a, b, lo)
-#define SHUFFLE_W_HI(a, b) __builtin_shuffle(a, b, hi)
+#define SHUFFLE_LO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11)
+#define SHUFFLE_HI(a, b) __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15)
 #endif
 #else
 #error "VW must be 8 or 16"
 #endif
+#if !defined(__clang__)
+#define SHUFFLE_LO(a, b) __builtin_shuffle(a, b, lo)
+#define SHUFFLE_HI(a, b) __builtin_shuffle(a, b, hi)
+#endif
+/* The float helpers are inlined (their vectors stay in registers); the double ones, on no
+ * training path, are called: inlining them everywhere made the build 3.5 times as long (gcc 12
+ * -O3 on one core of an AMD EPYC: 36 s, against 128 s), for no run's benefit. */
+#define INLINE_F32 inline __attribute__((always_inline))
+#define INLINE_F64 __attribute__((noinline))
+/* the shuffles' masks, of VW lanes */
+typedef int MW_f32 __attribute__((vector_size(VW * 4)));
+typedef long long MW_f64 __attribute__((vector_size(VW * 8)));
 #define DEFINE_TRANSPOSE(T, SUF, INLINE)                                                       \
-static INLINE void shuffle_rounds_##SUF(V16_##SUF v[16]) {                                     \
-    const M16_##SUF lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};             \
-    const M16_##SUF hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};       \
-    (void)lo; (void)hi;                                                                        \
-    V16_##SUF w[16];                                                                           \
-    for (int round = 0; round < 4; ++round) {                                                  \
-        for (long j = 0; j < 8; ++j) {                                                         \
-            w[2 * j] = SHUFFLE_LO(v[j], v[j + 8]);                                             \
-            w[2 * j + 1] = SHUFFLE_HI(v[j], v[j + 8]);                                         \
-        }                                                                                      \
-        memcpy(v, w, sizeof w);                                                                \
-    }                                                                                          \
-}                                                                                              \
-/* the same rounds on VW-lane values: log2(VW) rounds transpose a VW x VW block */             \
-static INLINE void shuffle_rounds_w_##SUF(VW_##SUF v[VW]) {                                    \
+static INLINE void shuffle_rounds_##SUF(VW_##SUF v[VW]) {                                      \
     const MW_##SUF lo = SHUFFLE_MASK_LO, hi = SHUFFLE_MASK_HI;                                 \
     (void)lo; (void)hi;                                                                        \
     VW_##SUF w[VW];                                                                            \
     for (int round = 0; (1 << round) < VW; ++round) {                                          \
         for (long j = 0; j < VW / 2; ++j) {                                                    \
-            w[2 * j] = SHUFFLE_W_LO(v[j], v[j + VW / 2]);                                      \
-            w[2 * j + 1] = SHUFFLE_W_HI(v[j], v[j + VW / 2]);                                  \
+            w[2 * j] = SHUFFLE_LO(v[j], v[j + VW / 2]);                                        \
+            w[2 * j + 1] = SHUFFLE_HI(v[j], v[j + VW / 2]);                                    \
         }                                                                                      \
         memcpy(v, w, sizeof w);                                                                \
     }                                                                                          \
 }                                                                                              \
-/* a 16 x 16 block as (16 / VW)^2 transposed blocks of VW x VW (one at VW = 16) */             \
+/* dst[i ds + l] = src[l ss + i] for l, i < 16 */                                              \
 static INLINE void transpose16_##SUF(                                                          \
         const T* RESTRICT src, long ss, T* RESTRICT dst, long ds) {                            \
     for (long bi = 0; bi < 16; bi += VW)                                                       \
         for (long bj = 0; bj < 16; bj += VW) {                                                 \
             VW_##SUF v[VW];                                                                    \
             for (long l = 0; l < VW; ++l) memcpy(&v[l], src + (bi + l) * ss + bj, sizeof v[l]);\
-            shuffle_rounds_w_##SUF(v);                                                         \
+            shuffle_rounds_##SUF(v);                                                           \
             for (long i = 0; i < VW; ++i) memcpy(dst + (bj + i) * ds + bi, &v[i], sizeof v[i]);\
         }                                                                                      \
 }
 DEFINE_TRANSPOSE(float, f32, INLINE_F32)
 DEFINE_TRANSPOSE(double, f64, INLINE_F64)
 
-/* Vector lanes: 16 tokens at a time as the lanes of vector values, rows gathered from (and scattered
- * to) arbitrary addresses. rows_in: v[i] lane l = row[l][i] (i < 16; a lane past nb reads
- * zeros); rows_out: row[l][i] = v[i] lane l for l < nb. */
+/* Vector lanes: VW tokens at a time as the lanes of vector values, rows of 16 numbers gathered\
+ * from (and scattered to) arbitrary addresses. rows_in: v[i] lane l = row[l][i] (i < 16; a lane\
+ * past nb reads zeros); rows_out: row[l][i] = v[i] lane l for l < nb. */                      \
 #define DEFINE_ROW_LANES(T, SUF, INLINE)                                                       \
 static INLINE void rows_in_##SUF(                                                              \
-        const T* const* rows, long nb, V16_##SUF v[16]) {                                      \
-    for (long l = 0; l < 16; ++l) {                                                            \
-        if (l < nb) memcpy(&v[l], rows[l], sizeof v[l]);                                       \
-        else v[l] = (V16_##SUF){0};                                                            \
+        const T* const* rows, long nb, VW_##SUF v[16]) {                                       \
+    for (long bj = 0; bj < 16; bj += VW) {                                                     \
+        VW_##SUF t[VW];                                                                        \
+        for (long l = 0; l < VW; ++l) {                                                        \
+            if (l < nb) memcpy(&t[l], rows[l] + bj, sizeof t[l]);                              \
+            else t[l] = (VW_##SUF){0};                                                         \
+        }                                                                                      \
+        shuffle_rounds_##SUF(t);                                                               \
+        memcpy(v + bj, t, sizeof t);                                                           \
     }                                                                                          \
-    shuffle_rounds_##SUF(v);                                                                   \
 }                                                                                              \
 static INLINE void rows_out_##SUF(                                                             \
-        V16_##SUF v[16], long nb, T* const* rows) {                                            \
-    shuffle_rounds_##SUF(v);                                                                   \
-    for (long l = 0; l < nb; ++l) memcpy(rows[l], &v[l], sizeof v[l]);                         \
-}                                                                                              \
+        const VW_##SUF v[16], long nb, T* const* rows) {                                       \
+    for (long bj = 0; bj < 16; bj += VW) {                                                     \
+        VW_##SUF t[VW];                                                                        \
+        memcpy(t, v + bj, sizeof t);                                                           \
+        shuffle_rounds_##SUF(t);                                                               \
+        for (long l = 0; l < nb; ++l) memcpy(rows[l] + bj, &t[l], sizeof t[l]);                \
+    }                                                                                          \
+}\
 /* rows of 16 numbers at base + (n0 + l) stride + off, for l < nb */                           \
 static inline __attribute__((always_inline)) void strided_rows_##SUF(                          \
         const T* base, long n0, long nb, long stride, long off, const T* rows[16]) {           \
@@ -700,11 +686,11 @@ static inline __attribute__((always_inline)) void token_rows_##SUF(             
         if (++i == I) { i = 0; if (++m == M) { m = 0; ++a; } }                                 \
     }                                                                                          \
 }                                                                                              \
-/* a backward pass's inputs for 16 tokens as lanes: X from x's rows (an (A, M, I) token grid,  \
+/* a backward pass's inputs for VW tokens as lanes: X from x's rows (an (A, M, I) token grid,  \
    as token_rows), G from g's (16 contiguous numbers per token), and DX = G */                 \
 static inline __attribute__((always_inline)) void lanes_x_g_##SUF(                             \
         const T* x, const T* g, long n0, long nb, long M, long I, long sa, long sm, long si,   \
-        V16_##SUF X[16], V16_##SUF G[16], V16_##SUF DX[16]) {                                  \
+        VW_##SUF X[16], VW_##SUF G[16], VW_##SUF DX[16]) {                                     \
     const T* rows[16];                                                                         \
     token_rows_##SUF(x, n0, nb, M, I, sa, sm, si, rows);                                       \
     rows_in_##SUF(rows, nb, X);                                                                \
@@ -827,25 +813,25 @@ static inline __attribute__((always_inline)) double projection_backward_body_##S
     return ds;                                                                                 \
 }                                                                                              \
                                                                                                \
-/* projection_forward_body and projection_backward_body for d = 16, 16 tokens per pass as    \
+/* projection_forward_body and projection_backward_body for d = 16, VW tokens per pass as    \
    vector lanes (as the skew kernels: the same operations per token in the same order) */     \
 static inline __attribute__((always_inline)) void projection_forward_lanes_##SUF(              \
         const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L,      \
         long sb, long sh, long sl, long r, double s_) {                                        \
     const T s = (T)s_;                                                                         \
     const long N = B * H * L;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
-        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
         const T* rows[16];                                                                     \
         T* out[16];                                                                            \
-        V16_##SUF X[16], Y[16], Ut[16];                                                        \
+        VW_##SUF X[16], Y[16], Ut[16];                                                         \
         token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                                   \
         rows_in_##SUF(rows, nb, X);                                                            \
         for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
         for (long t = 0; t < r; ++t) {                                                         \
             strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
             rows_in_##SUF(rows, nb, Ut);                                                       \
-            V16_##SUF acc = Ut[0] * X[0];                                                      \
+            VW_##SUF acc = Ut[0] * X[0];                                                       \
             for (long c = 1; c < 16; ++c) acc += Ut[c] * X[c];                                 \
             acc *= s;                                                                          \
             for (long c = 0; c < 16; ++c) Y[c] += acc * Ut[c];                                 \
@@ -861,21 +847,21 @@ static inline __attribute__((always_inline)) double projection_backward_lanes_##
     const T s = (T)s_;                                                                         \
     const long N = B * H * L;                                                                  \
     double ds = 0;                                                                             \
-    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
-        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
         const T* rows[16];                                                                     \
         T* out[16];                                                                            \
-        V16_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                             \
+        VW_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                              \
         lanes_x_g_##SUF(x, g, n0, nb, H, L, sb, sh, sl, X, G, DX);                             \
         for (long t = 0; t < r; ++t) {                                                         \
             strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
             rows_in_##SUF(rows, nb, Ut);                                                       \
             strided_rows_##SUF(dut, n0, nb, r * 16, t * 16, rows);                             \
             rows_in_##SUF(rows, nb, DU);                                                       \
-            V16_##SUF ct = Ut[0] * X[0], et = Ut[0] * G[0];                                    \
+            VW_##SUF ct = Ut[0] * X[0], et = Ut[0] * G[0];                                     \
             for (long c = 1; c < 16; ++c) { ct += Ut[c] * X[c]; et += Ut[c] * G[c]; }          \
             dsn += et * ct;                                                                    \
-            const V16_##SUF sc = s * ct, se = s * et;                                          \
+            const VW_##SUF sc = s * ct, se = s * et;                                           \
             for (long c = 0; c < 16; ++c) {                                                    \
                 DX[c] += se * Ut[c];                                                           \
                 DU[c] += sc * G[c] + se * X[c];                                                \
@@ -1051,15 +1037,15 @@ static inline __attribute__((always_inline)) void skew_backward_body_##SUF(     
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-/* skew_forward_body and skew_backward_body for d = 16, 16 tokens per pass as vector lanes     \
+/* skew_forward_body and skew_backward_body for d = 16, VW tokens per pass as vector lanes     \
    (rows gathered by rows_in: the tokens' x at their strides, each factor row), every          \
    sum over c a chain of multiply-adds per lane in the order c = 0..15 (no horizontal sums);   \
    dw_p's per-lane sums are added in lane order */                                             \
-/* rows t of a pair's L^T and R^T (r rows each, fs numbers per token from wp) for 16 tokens    \
+/* rows t of a pair's L^T and R^T (r rows each, fs numbers per token from wp) for VW tokens    \
    as lanes */                                                                                 \
 static inline __attribute__((always_inline)) void lanes_pair_##SUF(                            \
-        const T* wp, long n0, long nb, long fs, long r, long t, V16_##SUF Lt[16],              \
-        V16_##SUF Rt[16]) {                                                                    \
+        const T* wp, long n0, long nb, long fs, long r, long t, VW_##SUF Lt[16],               \
+        VW_##SUF Rt[16]) {                                                                     \
     const T* rows[16];                                                                         \
     strided_rows_##SUF(wp, n0, nb, fs, t * 16, rows);                                          \
     rows_in_##SUF(rows, nb, Lt);                                                               \
@@ -1070,10 +1056,10 @@ static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(     
         T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
         long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
     const long N = B * Q * H;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
-        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
         const T* rows[16];                                                                     \
-        V16_##SUF X[16], Y[16], Lt[16], Rt[16];                                                \
+        VW_##SUF X[16], Y[16], Lt[16], Rt[16];                                                 \
         token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                                   \
         rows_in_##SUF(rows, nb, X);                                                            \
         for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
@@ -1081,7 +1067,7 @@ static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(     
             const T wp = w[p];                                                                 \
             for (long t = 0; t < r; ++t) {                                                     \
                 lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-                V16_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                \
+                VW_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                 \
                 for (long c = 1; c < 16; ++c) { cl += Lt[c] * X[c]; cr += Rt[c] * X[c]; }      \
                 cl *= wp; cr *= wp;                                                            \
                 for (long c = 0; c < 16; ++c) Y[c] += cr * Lt[c] - cl * Rt[c];                 \
@@ -1097,19 +1083,19 @@ static inline __attribute__((always_inline)) void skew_backward_lanes_##SUF(    
         T* const* RESTRICT dwts, T* RESTRICT dx, double* dw,                                   \
         long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
     const long N = B * Q * H;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += 16) {                                                      \
-        const long nb = N - n0 < 16 ? N - n0 : 16;                                             \
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
         const T* rows[16];                                                                     \
         T* out[16];                                                                            \
-        V16_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                        \
+        VW_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                         \
         lanes_x_g_##SUF(x, g, n0, nb, Q, H, sb, sl, sh, X, G, DX);                             \
         for (long p = 0; p < P; ++p) {                                                         \
             const T wp = w[p];                                                                 \
-            V16_##SUF dwp = {0};                                                               \
+            VW_##SUF dwp = {0};                                                                \
             for (long t = 0; t < r; ++t) {                                                     \
                 lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-                V16_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                \
-                V16_##SUF el = Lt[0] * G[0], er = Rt[0] * G[0];                                \
+                VW_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                 \
+                VW_##SUF el = Lt[0] * G[0], er = Rt[0] * G[0];                                 \
                 for (long c = 1; c < 16; ++c) {                                                \
                     cl += Lt[c] * X[c]; cr += Rt[c] * X[c];                                    \
                     el += Lt[c] * G[c]; er += Rt[c] * G[c];                                    \
