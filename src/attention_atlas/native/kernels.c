@@ -63,27 +63,36 @@ int vector_lanes(void) { return VW; }
 #define DEFINE_KERNELS(T, SUF)                                                                 \
                                                                                                \
 /* token-innermost copies of one item, zero-padded to Lp = ROW_STRIDE(L): kT (d, Lp),          \
-   uT (r, d, Lp), b (r, Lp); a (L, r) */                                                       \
+   uT (r, d, Lp), b (r, Lp); a (L, r); qT (d, Lp) and a row (Lp) of scratch. Each centre       \
+   a_ts = u_ts . q_t, b_ts = u_ts . k_t is one token's chain over c = 0..d-1 from 0, the       \
+   tokens as vector lanes */                                                                   \
 static void prepare_##SUF(const T* RESTRICT ut, const T* RESTRICT q, const T* RESTRICT k,      \
                           long L, long Lp, long r, long d, T* RESTRICT kT, T* RESTRICT uT,     \
-                          T* RESTRICT a, T* RESTRICT b) {                                      \
+                          T* RESTRICT a, T* RESTRICT b, T* RESTRICT qT) {                      \
+    T* RESTRICT acc = qT + d * Lp;                                                             \
     memset(kT, 0, sizeof(T) * d * Lp);                                                         \
     memset(uT, 0, sizeof(T) * r * d * Lp);                                                     \
     memset(b, 0, sizeof(T) * r * Lp);                                                          \
     for (long t = 0; t < L; ++t) {                                                             \
         const T* u = ut + t * r * d;                                                           \
-        for (long c = 0; c < d; ++c) kT[c * Lp + t] = k[t * d + c];                            \
-        for (long s = 0; s < r; ++s) {                                                         \
-            T sa = 0, sb = 0;                                                                  \
-            for (long c = 0; c < d; ++c) {                                                     \
-                T w = u[s * d + c];                                                            \
-                uT[(s * d + c) * Lp + t] = w;                                                  \
-                sa += w * q[t * d + c];                                                        \
-                sb += w * k[t * d + c];                                                        \
-            }                                                                                  \
-            a[t * r + s] = sa;                                                                 \
-            b[s * Lp + t] = sb;                                                                \
+        for (long c = 0; c < d; ++c) {                                                         \
+            kT[c * Lp + t] = k[t * d + c];                                                     \
+            qT[c * Lp + t] = q[t * d + c];                                                     \
         }                                                                                      \
+        for (long i = 0; i < r * d; ++i) uT[i * Lp + t] = u[i];                                \
+    }                                                                                          \
+    for (long s = 0; s < r; ++s) {                                                             \
+        T* bs = b + s * Lp;                                                                    \
+        for (long t = 0; t < L; ++t) acc[t] = 0;                                               \
+        for (long c = 0; c < d; ++c) {                                                         \
+            const T *w = uT + (s * d + c) * Lp, *qc = qT + c * Lp, *kc = kT + c * Lp;          \
+            _Pragma("omp simd")                                                                \
+            for (long t = 0; t < L; ++t) {                                                     \
+                acc[t] += w[t] * qc[t];                                                        \
+                bs[t] += w[t] * kc[t];                                                         \
+            }                                                                                  \
+        }                                                                                      \
+        for (long t = 0; t < L; ++t) a[t * r + s] = acc[t];                                    \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
@@ -121,12 +130,12 @@ static inline __attribute__((always_inline)) void block_terms16_##SUF(          
         f[s] = -bv;                                                                            \
         e[s] = ai[s] - (VW_##SUF){0};  /* a broadcast: x - 0 is x, -0 included */              \
     }                                                                                          \
-    if (dot) *dot = (VW_##SUF){0};                                                             \
+    VW_##SUF dv = {0};  /* the dot product in a register (through *dot it went to memory) */   \
     for (long c = 0; c < 16; ++c) {                                                            \
         VW_##SUF kc, uc;                                                                       \
         memcpy(&kc, kT + c * Lp + j0, sizeof kc);                                              \
         const T qc = qi[c];                                                                    \
-        if (dot) *dot += qc * kc;                                                              \
+        if (dot) dv += qc * kc;                                                                \
         for (long s = 0; s < R; ++s) {                                                         \
             const T w = ui[s * 16 + c];                                                        \
             memcpy(&uc, uT + (s * 16 + c) * Lp + j0, sizeof uc);                               \
@@ -134,6 +143,7 @@ static inline __attribute__((always_inline)) void block_terms16_##SUF(          
             f[s] += qc * uc;                                                                   \
         }                                                                                      \
     }                                                                                          \
+    if (dot) *dot = dv;                                                                        \
 }                                                                                              \
 static inline __attribute__((always_inline)) void forward_item_##SUF(                         \
         const T* RESTRICT u, const T* RESTRICT q, const T* RESTRICT kT, const T* RESTRICT uT,  \
@@ -156,7 +166,9 @@ static inline __attribute__((always_inline)) void forward_item_##SUF(           
                         if (jh + VW <= L) memcpy(&cv, col + jh, sizeof cv);                    \
                         else for (long jj = 0; jj < VW; ++jj) cv[jj] = jh + jj < L ? col[jh + jj] : 0;\
                         ov = c1 * dv + row[i] + cv + scale * rv;                               \
-                        for (long jj = 0; jj < jn; ++jj) o[jh + jj] = ov[jj];                  \
+                        if (jh + VW <= L)  /* whole: the keys past m get -inf below */         \
+                            memcpy(o + jh, &ov, sizeof ov);                                    \
+                        else for (long jj = 0; jj < jn; ++jj) o[jh + jj] = ov[jj];             \
                         continue;                                                              \
                     }                                                                          \
                     if (jn == VW) {                                                            \
@@ -188,12 +200,12 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
                             const T* RESTRICT row, const T* RESTRICT col, double c1_) {        \
     const T scale = (T)scale_;                                                                 \
     const long Lp = ROW_STRIDE(L);                                                             \
-    T* buf = (T*)malloc(sizeof(T) * (d * Lp + r * d * Lp + L * r + r * Lp));                   \
-    T *kT = buf, *uT = kT + d * Lp, *a = uT + r * d * Lp, *b = a + L * r;                      \
+    T* buf = (T*)malloc(sizeof(T) * (d * Lp + r * d * Lp + L * r + r * Lp + (d + 1) * Lp));    \
+    T *kT = buf, *uT = kT + d * Lp, *a = uT + r * d * Lp, *b = a + L * r, *qT = b + r * Lp;    \
     for (long n = 0; n < N; ++n) {                                                             \
         const T* u = ut + n * L * r * d;                                                       \
         const T* q = x + n * 2 * L * d;                                                        \
-        prepare_##SUF(u, q, q + L * d, L, Lp, r, d, kT, uT, a, b);                             \
+        prepare_##SUF(u, q, q + L * d, L, Lp, r, d, kT, uT, a, b, qT);                         \
         T* o = out + n * L * L;                                                                \
         const T *rw = row ? row + n * L : 0, *cl = col ? col + n * L : 0, c1 = (T)c1_;        \
         switch (r) {                                                                           \
@@ -485,7 +497,7 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
     T *kT = buf, *uT = kT + d * Lp, *db = uT + r * d * Lp, *a = db + r * Lp;                   \
     T *W = a + L * r, *W2 = W + WS * r, *da = W2 + WS * r;                                     \
     T *ru = da + L * r, *rq = ru + L * r * d, *ck = rq + L * d, *cu = ck + L * d;              \
-    T* b = (T*)malloc(sizeof(T) * r * Lp);                                                     \
+    T* b = (T*)malloc(sizeof(T) * (r + d + 1) * Lp);  /* b, then prepare's qT and scratch */   \
     /* level 2 (c1 != 0, d = 16): the base's weights and its shares of dq and dk */           \
     T* W3 = c1_ != 0.0 ? (T*)malloc(sizeof(T) * (TB * TB + 2 * L * d)) : 0;                    \
     T *rq3 = W3 ? W3 + TB * TB : 0, *ck3 = W3 ? rq3 + L * d : 0;                               \
@@ -496,7 +508,7 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
         T* du = d_ut + n * L * r * d;                                                          \
         T* dq = d_x + n * 2 * L * d;                                                           \
         T* dk = dq + L * d;                                                                    \
-        prepare_##SUF(u, q, k, L, Lp, r, d, kT, uT, a, b);                                     \
+        prepare_##SUF(u, q, k, L, Lp, r, d, kT, uT, a, b, b + r * Lp);                         \
         memset(db, 0, sizeof(T) * r * Lp);                                                     \
         memset(da, 0, sizeof(T) * (L * r + 2 * nacc));                                         \
         if (W3) memset(rq3, 0, sizeof(T) * 2 * L * d);                                         \
