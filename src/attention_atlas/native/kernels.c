@@ -57,7 +57,7 @@
 #endif
 typedef float VW_f32 __attribute__((vector_size(VW * 4)));
 typedef double VW_f64 __attribute__((vector_size(VW * 8)));
-/* the lanes of a vector value of the pairwise kernels (VW), for attention_atlas.native */
+/* the lanes of the kernels' vector values (VW), for attention_atlas.native.vector_lanes */
 int vector_lanes(void) { return VW; }
 
 #define DEFINE_KERNELS(T, SUF)                                                                 \
