@@ -261,18 +261,18 @@ def test_skew_lanes_pass_gradcheck(
     assert torch.autograd.gradcheck(fn, [wt, x, w])
 
 
-def _skew_kernels(wt, x, w, gy, lanes: int):  # type: ignore[no-untyped-def]
-    """``(y, dwt, dx, dw)`` of the skew kernels called directly, on either path."""
+def _skew_kernels(wt, x, w, gy, lanes: int, call=native.call):  # type: ignore[no-untyped-def]
+    """``(y, dwt, dx, dw)`` of the skew kernels called directly, on either path (``call``: as
+    :func:`attention_atlas.native.call`, by default the build loaded here)."""
     *_, p2, r, d = wt.shape
     ptrs, fs = NF._pair_pointers([wt], p2 // 2)
     tokens = NF._tokens(x, x.numel() // d)
     y, dwt, dx = torch.empty(x.shape, dtype=x.dtype), torch.empty_like(wt), torch.empty_like(x)
     dw = torch.zeros(p2 // 2, dtype=torch.float64)
-    native.call("skew_forward", ptrs.data_ptr(), x.data_ptr(), w, y, *tokens, p2 // 2, r, d, fs,
-                lanes)  # fmt: skip
+    call("skew_forward", ptrs.data_ptr(), x.data_ptr(), w, y, *tokens, p2 // 2, r, d, fs, lanes)
     dptrs, _ = NF._pair_pointers([dwt], p2 // 2)
-    native.call("skew_backward", ptrs.data_ptr(), x.data_ptr(), gy, w, dptrs.data_ptr(),
-                dx.data_ptr(), dw, *tokens, p2 // 2, r, d, fs, lanes)  # fmt: skip
+    call("skew_backward", ptrs.data_ptr(), x.data_ptr(), gy, w, dptrs.data_ptr(), dx.data_ptr(),
+         dw, *tokens, p2 // 2, r, d, fs, lanes)  # fmt: skip
     return y, dwt, dx, dw
 
 
@@ -706,6 +706,9 @@ def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
     def ptr(t: torch.Tensor | None) -> int | None:
         return None if t is None else t.data_ptr()
 
+    def call(name: str, *args):  # type: ignore[no-untyped-def]  # as native.call, on lib
+        return fn(name)(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+
     outs = []
     for r in (4, 3):
         g = torch.Generator().manual_seed(r)
@@ -744,16 +747,8 @@ def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
                                        16, 0.3, 1)  # fmt: skip
         wt = torch.randn(1, tokens, 1, 4, r, 16, dtype=dtype, generator=g)
         ws = torch.rand(2, dtype=dtype, generator=g) + 0.5
-        xq = xw.reshape(1, tokens, 1, 16)
-        ys, dxs, dwt = torch.empty_like(xq), torch.empty_like(xq), torch.empty_like(wt)
-        dw = torch.zeros(2, dtype=torch.float64)
-        ptrs, fs = NF._pair_pointers([wt], 2)
-        dptrs, _ = NF._pair_pointers([dwt], 2)
-        sk = (1, tokens, 1, *xq.stride()[:3], 2, r, 16, fs, 1)
-        fn("skew_forward")(ptr(ptrs), ptr(xq), ptr(ws), ptr(ys), *sk)
-        fn("skew_backward")(ptr(ptrs), ptr(xq), ptr(dy), ptr(ws), ptr(dptrs), ptr(dxs), ptr(dw),
-                            *sk)  # fmt: skip
-        outs += [yp, dxp, dutp, torch.tensor([ds]), ys, dxs, dwt, dw]
+        xq, gq = xw.reshape(1, tokens, 1, 16), dy.reshape(1, tokens, 1, 16)
+        outs += [yp, dxp, dutp, torch.tensor([ds]), *_skew_kernels(wt, xq, ws, gq, 1, call)]
     return outs
 
 

@@ -8,7 +8,7 @@ cost on a CPU is their number and their memory traffic, not their arithmetic (ch
 kernels in ``kernels.c`` do the same maths in one loop each, with every intermediate in
 registers or the first-level cache. They are plain C (no Python or torch headers), built once
 per machine with the system's C compiler (``$CC``, else ``cc`` or ``gcc``; ``-O3
--march=native``, 30 to 90 s of one core with gcc 12) into a cache folder, loaded with
+-march=native``, 30 to 120 s of one core with gcc 12) into a cache folder, loaded with
 :mod:`ctypes` and called on contiguous CPU tensors; float32 and float64.
 
 They are **opt-in**: ``with native.enabled(True): ...`` (or ``TrainConfig(native=True)``,
