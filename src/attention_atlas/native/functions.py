@@ -140,13 +140,13 @@ class PairwiseTerms(torch.autograd.Function):
 
 #: the path of the per-token kernels of :class:`MetricProjection` and :class:`SkewFactorsApply`
 #: for head dimension 16: tokens as the lanes of vector values, 16 or 8 per pass
-#: (:func:`attention_atlas.native.vector_lanes`) (1), or token by token (0). The float build
-#: gives the same bits either way (each sum over the head dimension a chain in the order
-#: c = 0..15, the scalar gradients summed token by token: tested); the double build's
-#: token-by-token sums are vectorised by the compiler, so its last bits differ (no run trains in
-#: float64). On an AMD EPYC 7003 (AVX2: 8 lanes) the two paths took the same time (the
-#: projection's forward and backward at chapter 4's book shape 0.54 ms, the skew factors' 1.1)
-TOKEN_LANES = 1
+#: (:func:`attention_atlas.native.vector_lanes`) (1), or token by token, each row of 16 as two
+#: vectors of 8 (0). Both sum over the head dimension in one order (``tree16`` in
+#: ``kernels.c``: products of the two halves, then neighbours, pairs and halves), so the float
+#: build gives the same bits either way (tested). Token by token needs no transposes: on an AMD
+#: EPYC 7003 (AVX2) at chapter 4's book shape it took the skew factors' backward from 488 to
+#: 158 us and the projection's from 313 to 136 us (the kernels called alone, interleaved)
+TOKEN_LANES = 0
 
 
 class MetricProjection(torch.autograd.Function):

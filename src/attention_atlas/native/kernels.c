@@ -589,11 +589,11 @@ DEFINE_KERNELS(double, f64)
 #define FMA_f64 fma
 #define LANES for (long l = 0; l < TK; ++l)
 #define SIMD_LANES _Pragma("omp simd") LANES
-/* the pragma over a token-by-token sum over c (SUMS_f64(acc), before its loop): the double
- * build lets the compiler split the sum into vector partial sums; the float build keeps each
- * sum a chain in the order c = 0..15, the order of the lane kernels, so the two paths give the
- * same bits whatever the vector width (with 256-bit vectors the split sums differed from the
- * lanes' in a third of the outputs' last bits) */
+/* the pragma over a token-by-token sum over c (SUMS_f64(acc), before its loop) in the bodies
+ * for any d: the double build lets the compiler split the sum into vector partial sums; the
+ * float build keeps each sum a chain in the order c = 0..d-1. (For d = 16 the projection and
+ * skew kernels take their own bodies, token by token or tokens as lanes, both summing in the
+ * order of tree16.) */
 #define PRAGMA_(...) _Pragma(#__VA_ARGS__)
 #define SUMS_f32(...)
 #define SUMS_f64(...) PRAGMA_(omp simd reduction(+:__VA_ARGS__))
@@ -630,6 +630,37 @@ DEFINE_KERNELS(double, f64)
 /* the shuffles' masks, of VW lanes */
 typedef int MW_f32 __attribute__((vector_size(VW * 4)));
 typedef long long MW_f64 __attribute__((vector_size(VW * 8)));
+/* A vector of VW numbers at any address of a number: the helpers below load and store whole
+ * vectors through these. A memcpy of a vector from one memory place to another (a row into a
+ * stack array, say) is split into 16-byte moves by gcc 12 tuned for an AMD EPYC 7003 (znver3),
+ * and the whole-vector load that follows two such stores cannot take their data from the store
+ * queue: it waits for them to retire. Loading straight into a vector value avoids it: with it
+ * (and a constant count of tokens for whole passes) the lanes kernels took about a fifth less
+ * time (the skew factors' backward 294 to 239 us at chapter 4's book shape, the projection's
+ * 179 to 136 us), as do the transposes of the Woodbury and Fiber Bundle-terms kernels. */
+typedef float VWU_f32 __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+typedef double VWU_f64 __attribute__((vector_size(VW * 8), aligned(8), may_alias));
+#define LOADV(SUF, ptr) (*(const VWU_##SUF*)(ptr))
+#define STOREV(SUF, ptr, v) (*(VWU_##SUF*)(ptr) = (v))
+/* Eight numbers of one token's row of 16 (a half), for the token-by-token skew kernels, and a
+ * whole vector's sum in the order of tree16 (below), in every lane: the sums of neighbours,
+ * then of pairs, then of halves (a + b and b + a are the same number). */
+typedef float TV_f32 __attribute__((vector_size(32)));
+typedef double TV_f64 __attribute__((vector_size(64)));
+typedef float TVU_f32 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef double TVU_f64 __attribute__((vector_size(64), aligned(8), may_alias));
+typedef int TM_f32 __attribute__((vector_size(32)));
+typedef long long TM_f64 __attribute__((vector_size(64)));
+#if defined(__clang__)
+#define TV_SWAP(SUF, v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define TV_SWAP(SUF, v, ...) __builtin_shuffle(v, (TM_##SUF){__VA_ARGS__})
+#endif
+#define TV_SUM(SUF, v)                                                                         \
+    ({ const TV_##SUF s0_ = (v);                                                               \
+       const TV_##SUF s1_ = s0_ + TV_SWAP(SUF, s0_, 1, 0, 3, 2, 5, 4, 7, 6);                  \
+       const TV_##SUF s2_ = s1_ + TV_SWAP(SUF, s1_, 2, 3, 0, 1, 6, 7, 4, 5);                  \
+       s2_ + TV_SWAP(SUF, s2_, 4, 5, 6, 7, 0, 1, 2, 3); })
 #define DEFINE_TRANSPOSE(T, SUF, INLINE)                                                       \
 static INLINE void shuffle_rounds_##SUF(VW_##SUF v[VW]) {                                      \
     const MW_##SUF lo = SHUFFLE_MASK_LO, hi = SHUFFLE_MASK_HI;                                 \
@@ -640,7 +671,7 @@ static INLINE void shuffle_rounds_##SUF(VW_##SUF v[VW]) {                       
             w[2 * j] = SHUFFLE_LO(v[j], v[j + VW / 2]);                                        \
             w[2 * j + 1] = SHUFFLE_HI(v[j], v[j + VW / 2]);                                    \
         }                                                                                      \
-        memcpy(v, w, sizeof w);                                                                \
+        for (long j = 0; j < VW; ++j) v[j] = w[j];                                             \
     }                                                                                          \
 }                                                                                              \
 /* dst[i ds + l] = src[l ss + i] for l, i < 16 */                                              \
@@ -649,9 +680,9 @@ static INLINE void transpose16_##SUF(                                           
     for (long bi = 0; bi < 16; bi += VW)                                                       \
         for (long bj = 0; bj < 16; bj += VW) {                                                 \
             VW_##SUF v[VW];                                                                    \
-            for (long l = 0; l < VW; ++l) memcpy(&v[l], src + (bi + l) * ss + bj, sizeof v[l]);\
+            for (long l = 0; l < VW; ++l) v[l] = LOADV(SUF, src + (bi + l) * ss + bj);         \
             shuffle_rounds_##SUF(v);                                                           \
-            for (long i = 0; i < VW; ++i) memcpy(dst + (bj + i) * ds + bi, &v[i], sizeof v[i]);\
+            for (long i = 0; i < VW; ++i) STOREV(SUF, dst + (bj + i) * ds + bi, v[i]);         \
         }                                                                                      \
 }
 DEFINE_TRANSPOSE(float, f32, INLINE_F32)
@@ -666,20 +697,20 @@ static INLINE void rows_in_##SUF(                                               
     for (long bj = 0; bj < 16; bj += VW) {                                                     \
         VW_##SUF t[VW];                                                                        \
         for (long l = 0; l < VW; ++l) {                                                        \
-            if (l < nb) memcpy(&t[l], rows[l] + bj, sizeof t[l]);                              \
+            if (l < nb) t[l] = LOADV(SUF, rows[l] + bj);                                       \
             else t[l] = (VW_##SUF){0};                                                         \
         }                                                                                      \
         shuffle_rounds_##SUF(t);                                                               \
-        memcpy(v + bj, t, sizeof t);                                                           \
+        for (long l = 0; l < VW; ++l) v[bj + l] = t[l];                                        \
     }                                                                                          \
 }                                                                                              \
 static INLINE void rows_out_##SUF(                                                             \
         const VW_##SUF v[16], long nb, T* const* rows) {                                       \
     for (long bj = 0; bj < 16; bj += VW) {                                                     \
         VW_##SUF t[VW];                                                                        \
-        memcpy(t, v + bj, sizeof t);                                                           \
+        for (long l = 0; l < VW; ++l) t[l] = v[bj + l];                                        \
         shuffle_rounds_##SUF(t);                                                               \
-        for (long l = 0; l < nb; ++l) memcpy(rows[l] + bj, &t[l], sizeof t[l]);                \
+        for (long l = 0; l < nb; ++l) STOREV(SUF, rows[l] + bj, t[l]);                         \
     }                                                                                          \
 }\
 /* rows of 16 numbers at base + (n0 + l) stride + off, for l < nb */                           \
@@ -709,6 +740,15 @@ static inline __attribute__((always_inline)) void lanes_x_g_##SUF(              
     strided_rows_##SUF(g, n0, nb, 16, 0, rows);                                                \
     rows_in_##SUF(rows, nb, G);                                                                \
     for (long c = 0; c < 16; ++c) DX[c] = G[c];                                                \
+}                                                                                              \
+/* sum_c a[c] b[c] over c < 16 per lane, in a fixed order: p_k = a_k b_k + a_(k+8) b_(k+8),    \
+   then ((p_0 + p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) (the order of the            \
+   token-by-token skew kernels, TV_SUM: the two paths give the same bits) */                   \
+static inline __attribute__((always_inline)) VW_##SUF tree16_##SUF(                            \
+        const VW_##SUF a[16], const VW_##SUF b[16]) {                                          \
+    VW_##SUF p[8];                                                                             \
+    for (long k = 0; k < 8; ++k) p[k] = a[k] * b[k] + a[k + 8] * b[k + 8];                     \
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));                  \
 }
 DEFINE_ROW_LANES(float, f32, INLINE_F32)
 DEFINE_ROW_LANES(double, f64, INLINE_F64)
@@ -825,32 +865,114 @@ static inline __attribute__((always_inline)) double projection_backward_body_##S
     return ds;                                                                                 \
 }                                                                                              \
                                                                                                \
+/* projection_forward_body and projection_backward_body for d = 16, token by token, each row  \
+   as two halves of 8 (TV): the sums over c in the order of tree16 (the lanes path's) */      \
+static inline __attribute__((always_inline)) void projection_forward_token16_##SUF(            \
+        const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L,      \
+        long sb, long sh, long sl, long r, double s_) {                                        \
+    const T s = (T)s_;                                                                         \
+    long n = 0;                                                                                \
+    for (long b = 0; b < B; ++b) for (long h = 0; h < H; ++h) for (long l = 0; l < L; ++l, ++n) { \
+        const T* u = ut + n * r * 16;                                                          \
+        const T* xn = x + b * sb + h * sh + l * sl;                                            \
+        const TV_##SUF x0 = *(const TVU_##SUF*)xn, x1 = *(const TVU_##SUF*)(xn + 8);          \
+        TV_##SUF y0 = x0, y1 = x1;                                                             \
+        for (long t = 0; t < r; ++t) {                                                         \
+            const TV_##SUF u0 = *(const TVU_##SUF*)(u + t * 16);                               \
+            const TV_##SUF u1 = *(const TVU_##SUF*)(u + t * 16 + 8);                           \
+            const TV_##SUF acc = TV_SUM(SUF, u0 * x0 + u1 * x1) * s;                           \
+            y0 += acc * u0; y1 += acc * u1;                                                    \
+        }                                                                                      \
+        *(TVU_##SUF*)(y + n * 16) = y0; *(TVU_##SUF*)(y + n * 16 + 8) = y1;                    \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) double projection_backward_token16_##SUF(         \
+        const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx,        \
+        T* RESTRICT dut, long B, long H, long L, long sb, long sh, long sl, long r,            \
+        double s_) {                                                                           \
+    const T s = (T)s_;                                                                         \
+    double ds = 0;                                                                             \
+    long n = 0;                                                                                \
+    for (long b = 0; b < B; ++b) for (long h = 0; h < H; ++h) for (long l = 0; l < L; ++l, ++n) { \
+        const T* u = ut + n * r * 16;                                                          \
+        const T* xn = x + b * sb + h * sh + l * sl;                                            \
+        const T* gn = g + n * 16;                                                              \
+        T* dun = dut + n * r * 16;                                                             \
+        const TV_##SUF x0 = *(const TVU_##SUF*)xn, x1 = *(const TVU_##SUF*)(xn + 8);          \
+        const TV_##SUF g0 = *(const TVU_##SUF*)gn, g1 = *(const TVU_##SUF*)(gn + 8);          \
+        TV_##SUF d0 = g0, d1 = g1;                                                             \
+        T dsn = 0;                                                                             \
+        for (long t = 0; t < r; ++t) {                                                         \
+            const TV_##SUF u0 = *(const TVU_##SUF*)(u + t * 16);                               \
+            const TV_##SUF u1 = *(const TVU_##SUF*)(u + t * 16 + 8);                           \
+            const TV_##SUF ct = TV_SUM(SUF, u0 * x0 + u1 * x1);                                \
+            const TV_##SUF et = TV_SUM(SUF, u0 * g0 + u1 * g1);                                \
+            dsn += et[0] * ct[0];                                                              \
+            const TV_##SUF sc = s * ct, se = s * et;                                           \
+            d0 += se * u0; d1 += se * u1;                                                      \
+            TVU_##SUF* du = (TVU_##SUF*)(dun + t * 16);                                        \
+            du[0] += sc * g0 + se * x0;                                                        \
+            *(TVU_##SUF*)(dun + t * 16 + 8) += sc * g1 + se * x1;                              \
+        }                                                                                      \
+        ds += dsn;                                                                             \
+        *(TVU_##SUF*)(dx + n * 16) = d0; *(TVU_##SUF*)(dx + n * 16 + 8) = d1;                  \
+    }                                                                                          \
+    return ds;                                                                                 \
+}                                                                                              \
+                                                                                               \
 /* projection_forward_body and projection_backward_body for d = 16, VW tokens per pass as    \
-   vector lanes (as the skew kernels: the same operations per token in the same order) */     \
+   vector lanes (as the skew kernels: the operations of the token16 bodies in the same order,  \
+   so the same bits) */                                                                        \
+static inline __attribute__((always_inline)) void projection_forward_lanes_pass_##SUF(         \
+        const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long H, long L, long sb, long sh, long sl, long r, const T s, long n0, const long nb) {\
+    const T* rows[16];                                                                     \
+    T* out[16];                                                                            \
+    VW_##SUF X[16], Y[16], Ut[16];                                                         \
+    token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                                   \
+    rows_in_##SUF(rows, nb, X);                                                            \
+    for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
+    for (long t = 0; t < r; ++t) {                                                         \
+        strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
+        rows_in_##SUF(rows, nb, Ut);                                                       \
+        const VW_##SUF acc = tree16_##SUF(Ut, X) * s;                                          \
+        for (long c = 0; c < 16; ++c) Y[c] += acc * Ut[c];                                 \
+    }                                                                                      \
+    for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
+    rows_out_##SUF(Y, nb, out);                                                            \
+}                                                                                              \
 static inline __attribute__((always_inline)) void projection_forward_lanes_##SUF(              \
         const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L,      \
         long sb, long sh, long sl, long r, double s_) {                                        \
     const T s = (T)s_;                                                                         \
     const long N = B * H * L;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
-        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
-        const T* rows[16];                                                                     \
-        T* out[16];                                                                            \
-        VW_##SUF X[16], Y[16], Ut[16];                                                         \
-        token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                                   \
-        rows_in_##SUF(rows, nb, X);                                                            \
-        for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
-        for (long t = 0; t < r; ++t) {                                                         \
-            strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
-            rows_in_##SUF(rows, nb, Ut);                                                       \
-            VW_##SUF acc = Ut[0] * X[0];                                                       \
-            for (long c = 1; c < 16; ++c) acc += Ut[c] * X[c];                                 \
-            acc *= s;                                                                          \
-            for (long c = 0; c < 16; ++c) Y[c] += acc * Ut[c];                                 \
-        }                                                                                      \
-        for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
-        rows_out_##SUF(Y, nb, out);                                                            \
+    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
+        if (N - n0 >= VW) projection_forward_lanes_pass_##SUF(ut, x, y, H, L, sb, sh, sl, r, s, n0, VW);\
+        else projection_forward_lanes_pass_##SUF(ut, x, y, H, L, sb, sh, sl, r, s, n0, N - n0);\
     }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void projection_backward_lanes_pass_##SUF(        \
+        const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut, long H, long L, long sb, long sh, long sl, long r, const T s, double* RESTRICT ds, long n0, const long nb) {\
+    const T* rows[16];                                                                     \
+    T* out[16];                                                                            \
+    VW_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                              \
+    lanes_x_g_##SUF(x, g, n0, nb, H, L, sb, sh, sl, X, G, DX);                             \
+    for (long t = 0; t < r; ++t) {                                                         \
+        strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
+        rows_in_##SUF(rows, nb, Ut);                                                       \
+        strided_rows_##SUF(dut, n0, nb, r * 16, t * 16, rows);                             \
+        rows_in_##SUF(rows, nb, DU);                                                       \
+        const VW_##SUF ct = tree16_##SUF(Ut, X), et = tree16_##SUF(Ut, G);                     \
+        dsn += et * ct;                                                                    \
+        const VW_##SUF sc = s * ct, se = s * et;                                           \
+        for (long c = 0; c < 16; ++c) {                                                    \
+            DX[c] += se * Ut[c];                                                           \
+            DU[c] += sc * G[c] + se * X[c];                                                \
+        }                                                                                  \
+        for (long l = 0; l < nb; ++l) out[l] = dut + (n0 + l) * r * 16 + t * 16;           \
+        rows_out_##SUF(DU, nb, out);                                                       \
+    }                                                                                      \
+    for (long l = 0; l < nb; ++l) { *ds += dsn[l]; out[l] = dx + (n0 + l) * 16; }           \
+    rows_out_##SUF(DX, nb, out);                                                           \
 }                                                                                              \
 static inline __attribute__((always_inline)) double projection_backward_lanes_##SUF(           \
         const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx,        \
@@ -859,30 +981,9 @@ static inline __attribute__((always_inline)) double projection_backward_lanes_##
     const T s = (T)s_;                                                                         \
     const long N = B * H * L;                                                                  \
     double ds = 0;                                                                             \
-    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
-        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
-        const T* rows[16];                                                                     \
-        T* out[16];                                                                            \
-        VW_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                              \
-        lanes_x_g_##SUF(x, g, n0, nb, H, L, sb, sh, sl, X, G, DX);                             \
-        for (long t = 0; t < r; ++t) {                                                         \
-            strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
-            rows_in_##SUF(rows, nb, Ut);                                                       \
-            strided_rows_##SUF(dut, n0, nb, r * 16, t * 16, rows);                             \
-            rows_in_##SUF(rows, nb, DU);                                                       \
-            VW_##SUF ct = Ut[0] * X[0], et = Ut[0] * G[0];                                     \
-            for (long c = 1; c < 16; ++c) { ct += Ut[c] * X[c]; et += Ut[c] * G[c]; }          \
-            dsn += et * ct;                                                                    \
-            const VW_##SUF sc = s * ct, se = s * et;                                           \
-            for (long c = 0; c < 16; ++c) {                                                    \
-                DX[c] += se * Ut[c];                                                           \
-                DU[c] += sc * G[c] + se * X[c];                                                \
-            }                                                                                  \
-            for (long l = 0; l < nb; ++l) out[l] = dut + (n0 + l) * r * 16 + t * 16;           \
-            rows_out_##SUF(DU, nb, out);                                                       \
-        }                                                                                      \
-        for (long l = 0; l < nb; ++l) { ds += dsn[l]; out[l] = dx + (n0 + l) * 16; }           \
-        rows_out_##SUF(DX, nb, out);                                                           \
+    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
+        if (N - n0 >= VW) projection_backward_lanes_pass_##SUF(ut, x, g, dx, dut, H, L, sb, sh, sl, r, s, &ds, n0, VW);\
+        else projection_backward_lanes_pass_##SUF(ut, x, g, dx, dut, H, L, sb, sh, sl, r, s, &ds, n0, N - n0);\
     }                                                                                          \
     return ds;                                                                                 \
 }                                                                                              \
@@ -988,6 +1089,72 @@ static inline __attribute__((always_inline)) void woodbury_backward_body_##SUF( 
    eq. (22)). The tokens n = (b Q + l) H + h, b < B, l < Q, h < H; wts[p] (N, 2, r, d) holds   \
    L_p^T, R_p^T of pair p (one pointer per pair: the pairs come from different nets); x is read\
    at b sb + l sl + h sh (strides of a (B, Q, H, d) view, d contiguous); y (N, d); w (P). */   \
+/* skew_forward_body and skew_backward_body for d = 16, token by token, each row as two halves  \
+   of 8 (TV): every sum over c in the order of tree16 (the lanes path's: the same bits) */    \
+static inline __attribute__((always_inline)) void skew_forward_token16_##SUF(                  \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
+        long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
+    for (long b = 0; b < B; ++b) for (long l = 0; l < Q; ++l) for (long h = 0; h < H; ++h) {   \
+        const long n = (b * Q + l) * H + h;                                                    \
+        const T* xn = x + b * sb + l * sl + h * sh;                                            \
+        const TV_##SUF x0 = *(const TVU_##SUF*)xn, x1 = *(const TVU_##SUF*)(xn + 8);          \
+        TV_##SUF y0 = x0, y1 = x1;                                                             \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T wp = w[p];                                                                 \
+            const T* lt = wts[p] + n * fs;                                                     \
+            for (long t = 0; t < r; ++t) {                                                     \
+                const T* lr = lt + t * 16; const T* rr = lt + (r + t) * 16;                    \
+                const TV_##SUF l0 = *(const TVU_##SUF*)lr, l1 = *(const TVU_##SUF*)(lr + 8);  \
+                const TV_##SUF r0 = *(const TVU_##SUF*)rr, r1 = *(const TVU_##SUF*)(rr + 8);  \
+                const TV_##SUF cl = TV_SUM(SUF, l0 * x0 + l1 * x1) * wp;                       \
+                const TV_##SUF cr = TV_SUM(SUF, r0 * x0 + r1 * x1) * wp;                       \
+                y0 += cr * l0 - cl * r0;                                                       \
+                y1 += cr * l1 - cl * r1;                                                       \
+            }                                                                                  \
+        }                                                                                      \
+        *(TVU_##SUF*)(y + n * 16) = y0; *(TVU_##SUF*)(y + n * 16 + 8) = y1;                    \
+    }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void skew_backward_token16_##SUF(                 \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, \
+        T* const* RESTRICT dwts, T* RESTRICT dx, double* dw,                                   \
+        long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
+    for (long b = 0; b < B; ++b) for (long l = 0; l < Q; ++l) for (long h = 0; h < H; ++h) {   \
+        const long n = (b * Q + l) * H + h;                                                    \
+        const T* xn = x + b * sb + l * sl + h * sh;                                            \
+        const T* gn = g + n * 16;                                                              \
+        T* dxn = dx + b * sb + l * sl + h * sh;                                                \
+        const TV_##SUF x0 = *(const TVU_##SUF*)xn, x1 = *(const TVU_##SUF*)(xn + 8);          \
+        const TV_##SUF g0 = *(const TVU_##SUF*)gn, g1 = *(const TVU_##SUF*)(gn + 8);          \
+        TV_##SUF d0 = g0, d1 = g1;                                                             \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T wp = w[p];                                                                 \
+            const T* lt = wts[p] + n * fs;                                                     \
+            T* dl = dwts[p] + n * fs;                                                          \
+            T dwp = 0;                                                                         \
+            for (long t = 0; t < r; ++t) {                                                     \
+                const T* lr = lt + t * 16; const T* rr = lt + (r + t) * 16;                    \
+                const TV_##SUF l0 = *(const TVU_##SUF*)lr, l1 = *(const TVU_##SUF*)(lr + 8);  \
+                const TV_##SUF r0 = *(const TVU_##SUF*)rr, r1 = *(const TVU_##SUF*)(rr + 8);  \
+                const TV_##SUF cl = TV_SUM(SUF, l0 * x0 + l1 * x1);                            \
+                const TV_##SUF cr = TV_SUM(SUF, r0 * x0 + r1 * x1);                            \
+                const TV_##SUF el = TV_SUM(SUF, l0 * g0 + l1 * g1);                            \
+                const TV_##SUF er = TV_SUM(SUF, r0 * g0 + r1 * g1);                            \
+                dwp += el[0] * cr[0] - er[0] * cl[0];                                          \
+                d0 -= wp * (er * l0 - el * r0);                                                \
+                d1 -= wp * (er * l1 - el * r1);                                                \
+                T* o = dl + t * 16;                                                            \
+                *(TVU_##SUF*)o = wp * (cr * g0 - er * x0);                                     \
+                *(TVU_##SUF*)(o + 8) = wp * (cr * g1 - er * x1);                               \
+                o = dl + (r + t) * 16;                                                         \
+                *(TVU_##SUF*)o = wp * (el * x0 - cl * g0);                                     \
+                *(TVU_##SUF*)(o + 8) = wp * (el * x1 - cl * g1);                               \
+            }                                                                                  \
+            dw[p] += dwp;                                                                      \
+        }                                                                                      \
+        *(TVU_##SUF*)dxn = d0; *(TVU_##SUF*)(dxn + 8) = d1;                                    \
+    }                                                                                          \
+}                                                                                              \
 static inline __attribute__((always_inline)) void skew_forward_body_##SUF(                     \
         T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
         long B, long Q, long H, long sb, long sl, long sh, long P, long r, long d, long fs) {           \
@@ -1051,7 +1218,7 @@ static inline __attribute__((always_inline)) void skew_backward_body_##SUF(     
                                                                                                \
 /* skew_forward_body and skew_backward_body for d = 16, VW tokens per pass as vector lanes     \
    (rows gathered by rows_in: the tokens' x at their strides, each factor row), every          \
-   sum over c a chain of multiply-adds per lane in the order c = 0..15 (no horizontal sums);   \
+   sum over c per lane in the order of tree16 (no horizontal sums), as the token16 bodies;     \
    dw_p's per-lane sums are added in lane order */                                             \
 /* rows t of a pair's L^T and R^T (r rows each, fs numbers per token from wp) for VW tokens    \
    as lanes */                                                                                 \
@@ -1064,70 +1231,73 @@ static inline __attribute__((always_inline)) void lanes_pair_##SUF(             
     strided_rows_##SUF(wp, n0, nb, fs, (r + t) * 16, rows);                                    \
     rows_in_##SUF(rows, nb, Rt);                                                               \
 }                                                                                              \
+static inline __attribute__((always_inline)) void skew_forward_lanes_pass_##SUF(               \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long Q, long H, long sb, long sl, long sh, long P, long r, long fs, long n0, const long nb) {\
+    const T* rows[16];                                                                     \
+    VW_##SUF X[16], Y[16], Lt[16], Rt[16];                                                 \
+    token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                                   \
+    rows_in_##SUF(rows, nb, X);                                                            \
+    for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
+    for (long p = 0; p < P; ++p) {                                                         \
+        const T wp = w[p];                                                                 \
+        for (long t = 0; t < r; ++t) {                                                     \
+            lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
+            VW_##SUF cl = tree16_##SUF(Lt, X), cr = tree16_##SUF(Rt, X);                       \
+            cl *= wp; cr *= wp;                                                            \
+            for (long c = 0; c < 16; ++c) Y[c] += cr * Lt[c] - cl * Rt[c];                 \
+        }                                                                                  \
+    }                                                                                      \
+    T* out[16];                                                                            \
+    for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
+    rows_out_##SUF(Y, nb, out);                                                            \
+}                                                                                              \
 static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(                    \
         T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
         long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
     const long N = B * Q * H;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
-        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
-        const T* rows[16];                                                                     \
-        VW_##SUF X[16], Y[16], Lt[16], Rt[16];                                                 \
-        token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                                   \
-        rows_in_##SUF(rows, nb, X);                                                            \
-        for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
-        for (long p = 0; p < P; ++p) {                                                         \
-            const T wp = w[p];                                                                 \
-            for (long t = 0; t < r; ++t) {                                                     \
-                lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-                VW_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                 \
-                for (long c = 1; c < 16; ++c) { cl += Lt[c] * X[c]; cr += Rt[c] * X[c]; }      \
-                cl *= wp; cr *= wp;                                                            \
-                for (long c = 0; c < 16; ++c) Y[c] += cr * Lt[c] - cl * Rt[c];                 \
-            }                                                                                  \
-        }                                                                                      \
-        T* out[16];                                                                            \
-        for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
-        rows_out_##SUF(Y, nb, out);                                                            \
+    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
+        if (N - n0 >= VW) skew_forward_lanes_pass_##SUF(wts, x, w, y, Q, H, sb, sl, sh, P, r, fs, n0, VW);\
+        else skew_forward_lanes_pass_##SUF(wts, x, w, y, Q, H, sb, sl, sh, P, r, fs, n0, N - n0);\
     }                                                                                          \
+}                                                                                              \
+static inline __attribute__((always_inline)) void skew_backward_lanes_pass_##SUF(              \
+        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long Q, long H, long sb, long sl, long sh, long P, long r, long fs, long n0, const long nb) {\
+    const T* rows[16];                                                                     \
+    T* out[16];                                                                            \
+    VW_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                         \
+    lanes_x_g_##SUF(x, g, n0, nb, Q, H, sb, sl, sh, X, G, DX);                             \
+    for (long p = 0; p < P; ++p) {                                                         \
+        const T wp = w[p];                                                                 \
+        VW_##SUF dwp = {0};                                                                \
+        for (long t = 0; t < r; ++t) {                                                     \
+            lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
+            const VW_##SUF cl = tree16_##SUF(Lt, X), cr = tree16_##SUF(Rt, X);                 \
+            const VW_##SUF el = tree16_##SUF(Lt, G), er = tree16_##SUF(Rt, G);                 \
+            dwp += el * cr - er * cl;                                                      \
+            for (long c = 0; c < 16; ++c) {                                                \
+                DX[c] -= wp * (er * Lt[c] - el * Rt[c]);                                   \
+                DL[c] = wp * (cr * G[c] - er * X[c]);                                      \
+                DR[c] = wp * (el * X[c] - cl * G[c]);                                      \
+            }                                                                              \
+            for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + t * 16;       \
+            rows_out_##SUF(DL, nb, out);                                                   \
+            for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + (r + t) * 16; \
+            rows_out_##SUF(DR, nb, out);                                                   \
+        }                                                                                  \
+        for (long l = 0; l < nb; ++l) dw[p] += dwp[l];  /* token by token, in order */     \
+    }                                                                                      \
+    token_rows_##SUF(dx, n0, nb, Q, H, sb, sl, sh, rows);                                  \
+    for (long l = 0; l < nb; ++l) out[l] = (T*)rows[l];                                    \
+    rows_out_##SUF(DX, nb, out);                                                           \
 }                                                                                              \
 static inline __attribute__((always_inline)) void skew_backward_lanes_##SUF(                   \
         T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, \
         T* const* RESTRICT dwts, T* RESTRICT dx, double* dw,                                   \
         long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
     const long N = B * Q * H;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
-        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
-        const T* rows[16];                                                                     \
-        T* out[16];                                                                            \
-        VW_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                         \
-        lanes_x_g_##SUF(x, g, n0, nb, Q, H, sb, sl, sh, X, G, DX);                             \
-        for (long p = 0; p < P; ++p) {                                                         \
-            const T wp = w[p];                                                                 \
-            VW_##SUF dwp = {0};                                                                \
-            for (long t = 0; t < r; ++t) {                                                     \
-                lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-                VW_##SUF cl = Lt[0] * X[0], cr = Rt[0] * X[0];                                 \
-                VW_##SUF el = Lt[0] * G[0], er = Rt[0] * G[0];                                 \
-                for (long c = 1; c < 16; ++c) {                                                \
-                    cl += Lt[c] * X[c]; cr += Rt[c] * X[c];                                    \
-                    el += Lt[c] * G[c]; er += Rt[c] * G[c];                                    \
-                }                                                                              \
-                dwp += el * cr - er * cl;                                                      \
-                for (long c = 0; c < 16; ++c) {                                                \
-                    DX[c] -= wp * (er * Lt[c] - el * Rt[c]);                                   \
-                    DL[c] = wp * (cr * G[c] - er * X[c]);                                      \
-                    DR[c] = wp * (el * X[c] - cl * G[c]);                                      \
-                }                                                                              \
-                for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + t * 16;       \
-                rows_out_##SUF(DL, nb, out);                                                   \
-                for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + (r + t) * 16; \
-                rows_out_##SUF(DR, nb, out);                                                   \
-            }                                                                                  \
-            for (long l = 0; l < nb; ++l) dw[p] += dwp[l];  /* token by token, in order */     \
-        }                                                                                      \
-        token_rows_##SUF(dx, n0, nb, Q, H, sb, sl, sh, rows);                                  \
-        for (long l = 0; l < nb; ++l) out[l] = (T*)rows[l];                                    \
-        rows_out_##SUF(DX, nb, out);                                                           \
+    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
+        if (N - n0 >= VW) skew_backward_lanes_pass_##SUF(wts, x, g, w, dwts, dx, dw, Q, H, sb, sl, sh, P, r, fs, n0, VW);\
+        else skew_backward_lanes_pass_##SUF(wts, x, g, w, dwts, dx, dw, Q, H, sb, sl, sh, P, r, fs, n0, N - n0);\
     }                                                                                          \
 }                                                                                              \
                                                                                                \
@@ -1418,6 +1588,8 @@ void projection_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* REST
     if (lanes && d == 16) {                                                                    \
         projection_forward_lanes_##SUF(ut, x, y, B, H, L, sb, sh, sl, r, s_); return;          \
     }                                                                                          \
+    if (d == 16 && r == 4) { projection_forward_token16_##SUF(ut, x, y, B, H, L, sb, sh, sl, 4, s_); return; }\
+    if (d == 16) { projection_forward_token16_##SUF(ut, x, y, B, H, L, sb, sh, sl, r, s_); return; }\
     if (r == 2 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 2, 16, s_); return; }\
     if (r == 4 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 4, 16, s_); return; }\
     if (r == 8 && d == 16) { projection_forward_body_##SUF(ut, x, y, B, H, L, sb, sh, sl, 8, 16, s_); return; }\
@@ -1427,6 +1599,8 @@ double projection_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, cons
     if (lanes && d == 16) {                                                                    \
         return projection_backward_lanes_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, r, s_); \
     }                                                                                          \
+    if (d == 16 && r == 4) return projection_backward_token16_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 4, s_);\
+    if (d == 16) return projection_backward_token16_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, r, s_);\
     if (r == 2 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 2, 16, s_); }\
     if (r == 4 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 4, 16, s_); }\
     if (r == 8 && d == 16) { return projection_backward_body_##SUF(ut, x, g, dx, dut, B, H, L, sb, sh, sl, 8, 16, s_); }\
@@ -1448,6 +1622,8 @@ void skew_forward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* RE
     if (lanes && d == 16) {  /* lanes */                                                       \
         skew_forward_lanes_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, fs); return;         \
     }                                                                                          \
+    if (d == 16 && r == 2) { skew_forward_token16_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, fs); return; }\
+    if (d == 16) { skew_forward_token16_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, r, fs); return; }\
     if (r == 2 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
     if (r == 4 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 4, 16, fs); return; }\
     if (r == 8 && d == 16) { skew_forward_body_##SUF(wts, x, w, y, B, Q, H, sb, sl, sh, P, 8, 16, fs); return; }\
@@ -1457,6 +1633,8 @@ void skew_backward_##SUF(T* const* RESTRICT wts, const T* RESTRICT x, const T* R
     if (lanes && d == 16) {  /* lanes */                                                       \
         skew_backward_lanes_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, r, fs); return;\
     }                                                                                          \
+    if (d == 16 && r == 2) { skew_backward_token16_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, fs); return; }\
+    if (d == 16) { skew_backward_token16_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, r, fs); return; }\
     if (r == 2 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 2, 16, fs); return; }\
     if (r == 4 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 4, 16, fs); return; }\
     if (r == 8 && d == 16) { skew_backward_body_##SUF(wts, x, g, w, dwts, dx, dw, B, Q, H, sb, sl, sh, P, 8, 16, fs); return; }\
