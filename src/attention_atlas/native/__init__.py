@@ -225,8 +225,9 @@ def status() -> str:
 def vector_lanes() -> int:
     """The lanes of the kernels' vector values in the loaded build (``VW`` in ``kernels.c``): 16
     where 16 floats fit one vector register (x86 with AVX-512), else 8 (the pairwise kernels
-    then take each block of 16 keys or head columns as two halves, the lane kernels 8 tokens per
-    pass: the same bits); 0 where the kernels do not load."""
+    then take each block of 16 keys or head columns as two halves, the lane path of the
+    projection and skew kernels (``functions.TOKEN_LANES = 1``) 8 tokens per pass: the same
+    bits); 0 where the kernels do not load."""
     lib = library()
     return int(lib.vector_lanes()) if lib is not None else 0
 
