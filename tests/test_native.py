@@ -711,7 +711,7 @@ def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
         x = torch.randn(n, 2 * seq, 16, dtype=dtype, generator=g)
         row, col = torch.randn(2, n, seq, dtype=dtype, generator=g)
         grad = torch.randn(n, seq, seq, dtype=dtype, generator=g)
-        for causal, base in ((1, True), (1, False), (0, False)):
+        for causal, base in ((1, True), (1, False), (0, False), (2, True)):  # 2: softmax
             out = torch.zeros(n, seq, seq, dtype=dtype)
             dut, dx = torch.empty_like(ut), torch.empty_like(x)
             c1 = 0.7 if base else 0.0

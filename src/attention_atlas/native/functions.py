@@ -88,7 +88,9 @@ class CausalScores(torch.autograd.Function):
     ``col (N, L)``. Head dimension 16 only (the kernels' vector path). Native level 2: the
     batched product of the base and its backward are gone (the base's share of ``dq`` and ``dk``
     is summed with the pair terms'; ``d row`` and ``d col`` are the row and column sums of the
-    scores' gradient)."""
+    scores' gradient). With ``softmax`` the kernel forms each row's softmax as soon as the row is
+    complete (``softmax_row`` in ``kernels.c``: its own exponential, a few ulp, and a fixed order
+    of sums), not in a second pass over the scores."""
 
     @staticmethod
     def forward(ctx: Any, ut: Tensor, x: Tensor, row: Tensor, col: Tensor, c1: float,
@@ -98,10 +100,11 @@ class CausalScores(torch.autograd.Function):
             raise ValueError(f"CausalScores takes head dimension 16 and ranks up to {MAX_RANK}, "
                              f"got d={d}, r={r}")  # fmt: skip
         out = ut.new_empty(n, seq, seq)
-        call("pairwise_forward", ut, x, out, n, seq, r, d, float(scale), 1, row, col, float(c1))
+        causal = 2 if softmax else 1  # 2: each row's softmax in the kernel, while in cache
+        call("pairwise_forward", ut, x, out, n, seq, r, d, float(scale), causal, row, col,
+             float(c1))  # fmt: skip
         ctx.scale, ctx.c1, ctx.softmax = scale, c1, softmax
         if softmax:
-            out = torch.softmax(out, -1)
             ctx.save_for_backward(ut, x, out)
             return out
         ctx.save_for_backward(ut, x)

@@ -60,6 +60,70 @@ typedef double VW_f64 __attribute__((vector_size(VW * 8)));
 /* the lanes of the kernels' vector values (VW), for attention_atlas.native.vector_lanes */
 int vector_lanes(void) { return VW; }
 
+/* The exponentials (and the causal-head kernels further down) are compiled without trapping
+ * math: it lets gcc blend the two sides of a float comparison in vector registers (no operation's
+ * value changes: nothing here reads the floating-point exception flags). Without it a 256-bit
+ * (AVX2) build left the exponentials' loop scalar. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+/* exp(x) for x <= 0 in float, vectorisable (Cephes' expf: Cody-Waite reduction by ln 2 and a
+ * degree-6 polynomial, a few ulp); 0 below -87 (exp(-87) ~ 1.6e-38, near the smallest normal
+ * float), which no softmax row (whose largest term is 1) can see. */
+/* MADD(a, b, c) is a * b + c: two roundings (level 1), or one (fmaf, the _fma variant, level 3) */
+#define DEFINE_EXP_NONPOSITIVE_F32(NAME, MADD)                                                 \
+static inline float NAME(float x) {                                                            \
+    const int under = x < -87.0f;                                                              \
+    x = under ? -87.0f : x;                                                                    \
+    /* n = round(x log2 e) by adding and removing 1.5 * 2^23 (floorf does not vectorise) */   \
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                   \
+    const float r = MADD(n, 2.12194440e-4f, MADD(-n, 0.693359375f, x));                       \
+    float p = 1.9875691500e-4f;                                                                \
+    p = MADD(p, r, 1.3981999507e-3f); p = MADD(p, r, 8.3334519073e-3f);                        \
+    p = MADD(p, r, 4.1665795894e-2f); p = MADD(p, r, 1.6666665459e-1f);                        \
+    p = MADD(p, r, 5.0000001201e-1f);                                                          \
+    const float y = MADD(p * r, r, r) + 1.0f;                                                  \
+    const int bits = ((int)n + 127) << 23;                                                     \
+    float scale; memcpy(&scale, &bits, sizeof scale);                                          \
+    return under ? 0.0f : y * scale;                                                           \
+}
+#define MUL_ADD(a, b, c) ((a) * (b) + (c))
+DEFINE_EXP_NONPOSITIVE_F32(exp_nonpositive_f32, MUL_ADD)
+DEFINE_EXP_NONPOSITIVE_F32(exp_nonpositive_fma_f32, fmaf)
+static inline double exp_nonpositive_f64(double x) { return exp(x); }
+static inline double exp_nonpositive_fma_f64(double x) { return exp(x); }
+/* The softmax of a causal row of scores in place: o[j] for j < m (m >= 1) becomes
+ * exp(o[j] - max) / sum, the entries j >= m (the -inf above the diagonal) 0. The sum in a fixed
+ * order (eight partial sums, j mod 8, then neighbours, pairs and halves), whatever the vector
+ * width; the exponentials those of the causal-head kernels (exp_nonpositive, a few ulp). Called
+ * once a row of the pairwise forward is complete, while it is in the first-level cache: the
+ * separate softmax read the whole (N, L, L) scores back (at chapter 4's long shape 16 MiB a
+ * layer, out of the caches). */
+#define DEFINE_SOFTMAX_ROW(T, SUF)                                                             \
+static void softmax_row_##SUF(T* RESTRICT o, long m, long L) {                                 \
+    T mx = o[0];                                                                               \
+    for (long j = 1; j < m; ++j) mx = o[j] > mx ? o[j] : mx;                                   \
+    T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                      \
+    long j = 0;                                                                                \
+    for (; j + 8 <= m; j += 8)                                                                 \
+        for (int l = 0; l < 8; ++l) {                                                          \
+            const T e = exp_nonpositive_##SUF(o[j + l] - mx);                                  \
+            o[j + l] = e; part[l] += e;                                                        \
+        }                                                                                      \
+    for (; j < m; ++j) { const T e = exp_nonpositive_##SUF(o[j] - mx); o[j] = e; part[j & 7] += e; }\
+    const T sum = ((part[0] + part[1]) + (part[2] + part[3]))                                  \
+                + ((part[4] + part[5]) + (part[6] + part[7]));                                 \
+    const T inv = (T)1 / sum;                                                                  \
+    for (long c = 0; c < m; ++c) o[c] *= inv;                                                  \
+    for (long c = m; c < L; ++c) o[c] = 0;                                                     \
+}
+DEFINE_SOFTMAX_ROW(float, f32)
+DEFINE_SOFTMAX_ROW(double, f64)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
 #define DEFINE_KERNELS(T, SUF)                                                                 \
                                                                                                \
 /* token-innermost copies of one item, zero-padded to Lp = ROW_STRIDE(L): kT (d, Lp),          \
@@ -148,7 +212,8 @@ static inline __attribute__((always_inline)) void block_terms16_##SUF(          
 static inline __attribute__((always_inline)) void forward_item_##SUF(                         \
         const T* RESTRICT u, const T* RESTRICT q, const T* RESTRICT kT, const T* RESTRICT uT,  \
         const T* RESTRICT a, const T* RESTRICT b, T* RESTRICT out, long L, long Lp, long R,   \
-        long d, T scale, int causal, const T* RESTRICT row, const T* RESTRICT col, T c1) {    \
+        long d, T scale, int causal, const T* RESTRICT row, const T* RESTRICT col, T c1,      \
+        int sm) {                                                                              \
     T e[RMAX][JB], f[RMAX][JB];                                                                \
     for (long i = 0; i < L; ++i) {                                                             \
         const long m = causal ? i + 1 : L;                                                     \
@@ -192,6 +257,7 @@ static inline __attribute__((always_inline)) void forward_item_##SUF(           
             for (long jj = 0; jj < jn; ++jj) o[j0 + jj] += scale * row[jj];                    \
         }                                                                                      \
         for (long j = m; j < L; ++j) o[j] = -INFINITY; /* causal: above the diagonal */        \
+        if (sm) softmax_row_##SUF(o, m, L); /* the row's softmax while it is in cache */       \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
@@ -199,6 +265,8 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
                             long N, long L, long r, long d, double scale_, int causal,         \
                             const T* RESTRICT row, const T* RESTRICT col, double c1_) {        \
     const T scale = (T)scale_;                                                                 \
+    const int sm = causal == 2; /* 2: causal, and each row's softmax (softmax_row) */          \
+    causal = causal != 0;                                                                      \
     const long Lp = ROW_STRIDE(L);                                                             \
     T* buf = (T*)malloc(sizeof(T) * (d * Lp + r * d * Lp + L * r + r * Lp + (d + 1) * Lp));    \
     T *kT = buf, *uT = kT + d * Lp, *a = uT + r * d * Lp, *b = a + L * r, *qT = b + r * Lp;    \
@@ -209,11 +277,11 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
         T* o = out + n * L * L;                                                                \
         const T *rw = row ? row + n * L : 0, *cl = col ? col + n * L : 0, c1 = (T)c1_;        \
         switch (r) {                                                                           \
-            case 1: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 1, d, scale, causal, rw, cl, c1); break; \
-            case 2: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 2, d, scale, causal, rw, cl, c1); break; \
-            case 4: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 4, d, scale, causal, rw, cl, c1); break; \
-            case 8: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 8, d, scale, causal, rw, cl, c1); break; \
-            default: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, r, d, scale, causal, rw, cl, c1);    \
+            case 1: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 1, d, scale, causal, rw, cl, c1, sm); break; \
+            case 2: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 2, d, scale, causal, rw, cl, c1, sm); break; \
+            case 4: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 4, d, scale, causal, rw, cl, c1, sm); break; \
+            case 8: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, 8, d, scale, causal, rw, cl, c1, sm); break; \
+            default: forward_item_##SUF(u, q, kT, uT, a, b, o, L, Lp, r, d, scale, causal, rw, cl, c1, sm);    \
         }                                                                                      \
     }                                                                                          \
     free(buf);                                                                                 \
@@ -744,11 +812,12 @@ static inline __attribute__((always_inline)) void lanes_x_g_##SUF(              
 /* sum_c a[c] b[c] over c < 16 per lane, in a fixed order: p_k = a_k b_k + a_(k+8) b_(k+8),    \
    then ((p_0 + p_1) + (p_2 + p_3)) + ((p_4 + p_5) + (p_6 + p_7)) (the order of the            \
    token-by-token skew kernels, TV_SUM: the two paths give the same bits) */                   \
-static inline __attribute__((always_inline)) VW_##SUF tree16_##SUF(                            \
-        const VW_##SUF a[16], const VW_##SUF b[16]) {                                          \
+static inline __attribute__((always_inline)) void tree16_##SUF(                                \
+        const VW_##SUF a[16], const VW_##SUF b[16], VW_##SUF* out) {  /* out, not a return:    \
+                          a vector return value changes the ABI where no register holds it */  \
     VW_##SUF p[8];                                                                             \
     for (long k = 0; k < 8; ++k) p[k] = a[k] * b[k] + a[k + 8] * b[k + 8];                     \
-    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));                  \
+    *out = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));                  \
 }
 DEFINE_ROW_LANES(float, f32, INLINE_F32)
 DEFINE_ROW_LANES(double, f64, INLINE_F64)
@@ -934,7 +1003,7 @@ static inline __attribute__((always_inline)) void projection_forward_lanes_pass_
     for (long t = 0; t < r; ++t) {                                                         \
         strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
         rows_in_##SUF(rows, nb, Ut);                                                       \
-        const VW_##SUF acc = tree16_##SUF(Ut, X) * s;                                          \
+        VW_##SUF acc; tree16_##SUF(Ut, X, &acc); acc *= s;                                          \
         for (long c = 0; c < 16; ++c) Y[c] += acc * Ut[c];                                 \
     }                                                                                      \
     for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
@@ -961,7 +1030,7 @@ static inline __attribute__((always_inline)) void projection_backward_lanes_pass
         rows_in_##SUF(rows, nb, Ut);                                                       \
         strided_rows_##SUF(dut, n0, nb, r * 16, t * 16, rows);                             \
         rows_in_##SUF(rows, nb, DU);                                                       \
-        const VW_##SUF ct = tree16_##SUF(Ut, X), et = tree16_##SUF(Ut, G);                     \
+        VW_##SUF ct, et; tree16_##SUF(Ut, X, &ct); tree16_##SUF(Ut, G, &et);                     \
         dsn += et * ct;                                                                    \
         const VW_##SUF sc = s * ct, se = s * et;                                           \
         for (long c = 0; c < 16; ++c) {                                                    \
@@ -1242,7 +1311,7 @@ static inline __attribute__((always_inline)) void skew_forward_lanes_pass_##SUF(
         const T wp = w[p];                                                                 \
         for (long t = 0; t < r; ++t) {                                                     \
             lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-            VW_##SUF cl = tree16_##SUF(Lt, X), cr = tree16_##SUF(Rt, X);                       \
+            VW_##SUF cl, cr; tree16_##SUF(Lt, X, &cl); tree16_##SUF(Rt, X, &cr);                       \
             cl *= wp; cr *= wp;                                                            \
             for (long c = 0; c < 16; ++c) Y[c] += cr * Lt[c] - cl * Rt[c];                 \
         }                                                                                  \
@@ -1271,8 +1340,8 @@ static inline __attribute__((always_inline)) void skew_backward_lanes_pass_##SUF
         VW_##SUF dwp = {0};                                                                \
         for (long t = 0; t < r; ++t) {                                                     \
             lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-            const VW_##SUF cl = tree16_##SUF(Lt, X), cr = tree16_##SUF(Rt, X);                 \
-            const VW_##SUF el = tree16_##SUF(Lt, G), er = tree16_##SUF(Rt, G);                 \
+            VW_##SUF cl, cr, el, er; tree16_##SUF(Lt, X, &cl); tree16_##SUF(Rt, X, &cr);           \
+            tree16_##SUF(Lt, G, &el); tree16_##SUF(Rt, G, &er);                 \
             dwp += el * cr - er * cl;                                                      \
             for (long c = 0; c < 16; ++c) {                                                \
                 DX[c] -= wp * (er * Lt[c] - el * Rt[c]);                                   \
@@ -1683,40 +1752,16 @@ static double causal_head_loss(double m, long n, double beta, double eps, double
     return loss;
 }
 
-/* The exponentials and the causal-head kernels below are compiled without trapping math: it lets
- * gcc blend the two sides of a float comparison in vector registers (no operation's value
- * changes: nothing here reads the floating-point exception flags). Without it a 256-bit (AVX2)
- * build left the exponentials' loop scalar, half of the heads kernel's time (an AVX-512 build
- * masks it); for the whole file it slowed the Fiber Bundle step by 2 to 4% on the same machine. */
+/* The causal-head kernels below are compiled without trapping math, as the exponentials (before
+ * the pairwise kernels): it lets gcc blend the two sides of a float comparison in vector
+ * registers (no operation's value changes: nothing here reads the floating-point exception
+ * flags). Without it a 256-bit (AVX2) build left the exponentials' loop scalar, half of the heads
+ * kernel's time (an AVX-512 build masks it); for the whole file it slowed the Fiber Bundle step
+ * by 2 to 4% on the same machine. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
 #endif
-/* exp(x) for x <= 0 in float, vectorisable (Cephes' expf: Cody-Waite reduction by ln 2 and a
- * degree-6 polynomial, a few ulp); 0 below -87 (exp(-87) ~ 1.6e-38, near the smallest normal
- * float), which no softmax row (whose largest term is 1) can see. */
-/* MADD(a, b, c) is a * b + c: two roundings (level 1), or one (fmaf, the _fma variant, level 3) */
-#define DEFINE_EXP_NONPOSITIVE_F32(NAME, MADD)                                                 \
-static inline float NAME(float x) {                                                            \
-    const int under = x < -87.0f;                                                              \
-    x = under ? -87.0f : x;                                                                    \
-    /* n = round(x log2 e) by adding and removing 1.5 * 2^23 (floorf does not vectorise) */   \
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                   \
-    const float r = MADD(n, 2.12194440e-4f, MADD(-n, 0.693359375f, x));                       \
-    float p = 1.9875691500e-4f;                                                                \
-    p = MADD(p, r, 1.3981999507e-3f); p = MADD(p, r, 8.3334519073e-3f);                        \
-    p = MADD(p, r, 4.1665795894e-2f); p = MADD(p, r, 1.6666665459e-1f);                        \
-    p = MADD(p, r, 5.0000001201e-1f);                                                          \
-    const float y = MADD(p * r, r, r) + 1.0f;                                                  \
-    const int bits = ((int)n + 127) << 23;                                                     \
-    float scale; memcpy(&scale, &bits, sizeof scale);                                          \
-    return under ? 0.0f : y * scale;                                                           \
-}
-#define MUL_ADD(a, b, c) ((a) * (b) + (c))
-DEFINE_EXP_NONPOSITIVE_F32(exp_nonpositive_f32, MUL_ADD)
-DEFINE_EXP_NONPOSITIVE_F32(exp_nonpositive_fma_f32, fmaf)
-static inline double exp_nonpositive_f64(double x) { return exp(x); }
-static inline double exp_nonpositive_fma_f64(double x) { return exp(x); }
 
 #define DEFINE_CAUSAL_HEAD_KERNELS(T, SUF)                                                     \
 static inline __attribute__((always_inline)) void causal_head_forward_body_##SUF(              \
