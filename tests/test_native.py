@@ -645,6 +645,21 @@ def test_causal_scores_pass_gradcheck_and_take_head_dimension_16_only() -> None:
                               args[2], args[3], 0.8, -0.3, True)  # fmt: skip
 
 
+def test_causal_scores_softmax_in_float_is_the_double_builds_to_float_precision() -> None:
+    """The pairwise kernel's row softmax (``softmax_row``: its own exponential in float, a few
+    ulp) against the double build's (libm's exponential), which the test above holds to level 1's
+    ``torch.softmax`` at 1e-12: rows that sum to 1, zeros above the diagonal."""
+    g = torch.Generator().manual_seed(18)
+    args = [torch.randn(3, 37, 4, 16, dtype=DT, generator=g) / 2,
+            torch.randn(3, 74, 16, dtype=DT, generator=g), *torch.randn(2, 3, 37, dtype=DT, generator=g)]  # fmt: skip
+    want = NF.CausalScores.apply(*args, 0.7, -0.05, True)
+    got = NF.CausalScores.apply(*(t.float() for t in args), 0.7, -0.05, True)
+    assert float(want.amax(-1).min()) < 0.9  # rows that spread their weight
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.sum(-1), torch.ones(3, 37), rtol=0, atol=1e-6)
+    assert float(got.triu(1).abs().max()) == 0.0
+
+
 def test_factor_rows_are_u_transposed_token_by_token_and_a_view_of_r_major_storage() -> None:
     g = torch.Generator().manual_seed(17)
     U = _factor(2, 3, 5, 4, 2, g)  # stored r-major
