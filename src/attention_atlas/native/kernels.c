@@ -702,10 +702,10 @@ typedef long long MW_f64 __attribute__((vector_size(VW * 8)));
  * vectors through these. A memcpy of a vector from one memory place to another (a row into a
  * stack array, say) is split into 16-byte moves by gcc 12 tuned for an AMD EPYC 7003 (znver3),
  * and the whole-vector load that follows two such stores cannot take their data from the store
- * queue: it waits for them to retire. Loading straight into a vector value avoids it: with it
- * (and a constant count of tokens for whole passes) the lanes kernels took about a fifth less
- * time (the skew factors' backward 294 to 239 us at chapter 4's book shape, the projection's
- * 179 to 136 us), as do the transposes of the Woodbury and Fiber Bundle-terms kernels. */
+ * queue: it waits for them to retire. Loading straight into a vector value avoids it: the lane
+ * path's skew backward took 251 us against 294 at chapter 4's book shape, the projection's 155
+ * against 179 (the kernels alone, interleaved); the transposes of the Woodbury and Fiber
+ * Bundle-terms kernels go through the same helpers. */
 typedef float VWU_f32 __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 typedef double VWU_f64 __attribute__((vector_size(VW * 8), aligned(8), may_alias));
 #define LOADV(SUF, ptr) (*(const VWU_##SUF*)(ptr))
@@ -992,56 +992,28 @@ static inline __attribute__((always_inline)) double projection_backward_token16_
 /* projection_forward_body and projection_backward_body for d = 16, VW tokens per pass as    \
    vector lanes (as the skew kernels: the operations of the token16 bodies in the same order,  \
    so the same bits) */                                                                        \
-static inline __attribute__((always_inline)) void projection_forward_lanes_pass_##SUF(         \
-        const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long H, long L, long sb, long sh, long sl, long r, const T s, long n0, const long nb) {\
-    const T* rows[16];                                                                     \
-    T* out[16];                                                                            \
-    VW_##SUF X[16], Y[16], Ut[16];                                                         \
-    token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                                   \
-    rows_in_##SUF(rows, nb, X);                                                            \
-    for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
-    for (long t = 0; t < r; ++t) {                                                         \
-        strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
-        rows_in_##SUF(rows, nb, Ut);                                                       \
-        VW_##SUF acc; tree16_##SUF(Ut, X, &acc); acc *= s;                                          \
-        for (long c = 0; c < 16; ++c) Y[c] += acc * Ut[c];                                 \
-    }                                                                                      \
-    for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
-    rows_out_##SUF(Y, nb, out);                                                            \
-}                                                                                              \
 static inline __attribute__((always_inline)) void projection_forward_lanes_##SUF(              \
         const T* RESTRICT ut, const T* RESTRICT x, T* RESTRICT y, long B, long H, long L,      \
         long sb, long sh, long sl, long r, double s_) {                                        \
     const T s = (T)s_;                                                                         \
     const long N = B * H * L;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
-        if (N - n0 >= VW) projection_forward_lanes_pass_##SUF(ut, x, y, H, L, sb, sh, sl, r, s, n0, VW);\
-        else projection_forward_lanes_pass_##SUF(ut, x, y, H, L, sb, sh, sl, r, s, n0, N - n0);\
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
+        const T* rows[16];                                                                     \
+        T* out[16];                                                                            \
+        VW_##SUF X[16], Y[16], Ut[16];                                                         \
+        token_rows_##SUF(x, n0, nb, H, L, sb, sh, sl, rows);                                   \
+        rows_in_##SUF(rows, nb, X);                                                            \
+        for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
+        for (long t = 0; t < r; ++t) {                                                         \
+            strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
+            rows_in_##SUF(rows, nb, Ut);                                                       \
+            VW_##SUF acc; tree16_##SUF(Ut, X, &acc); acc *= s;                                          \
+            for (long c = 0; c < 16; ++c) Y[c] += acc * Ut[c];                                 \
+        }                                                                                      \
+        for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
+        rows_out_##SUF(Y, nb, out);                                                            \
     }                                                                                          \
-}                                                                                              \
-static inline __attribute__((always_inline)) void projection_backward_lanes_pass_##SUF(        \
-        const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx, T* RESTRICT dut, long H, long L, long sb, long sh, long sl, long r, const T s, double* RESTRICT ds, long n0, const long nb) {\
-    const T* rows[16];                                                                     \
-    T* out[16];                                                                            \
-    VW_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                              \
-    lanes_x_g_##SUF(x, g, n0, nb, H, L, sb, sh, sl, X, G, DX);                             \
-    for (long t = 0; t < r; ++t) {                                                         \
-        strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
-        rows_in_##SUF(rows, nb, Ut);                                                       \
-        strided_rows_##SUF(dut, n0, nb, r * 16, t * 16, rows);                             \
-        rows_in_##SUF(rows, nb, DU);                                                       \
-        VW_##SUF ct, et; tree16_##SUF(Ut, X, &ct); tree16_##SUF(Ut, G, &et);                     \
-        dsn += et * ct;                                                                    \
-        const VW_##SUF sc = s * ct, se = s * et;                                           \
-        for (long c = 0; c < 16; ++c) {                                                    \
-            DX[c] += se * Ut[c];                                                           \
-            DU[c] += sc * G[c] + se * X[c];                                                \
-        }                                                                                  \
-        for (long l = 0; l < nb; ++l) out[l] = dut + (n0 + l) * r * 16 + t * 16;           \
-        rows_out_##SUF(DU, nb, out);                                                       \
-    }                                                                                      \
-    for (long l = 0; l < nb; ++l) { *ds += dsn[l]; out[l] = dx + (n0 + l) * 16; }           \
-    rows_out_##SUF(DX, nb, out);                                                           \
 }                                                                                              \
 static inline __attribute__((always_inline)) double projection_backward_lanes_##SUF(           \
         const T* RESTRICT ut, const T* RESTRICT x, const T* RESTRICT g, T* RESTRICT dx,        \
@@ -1050,9 +1022,29 @@ static inline __attribute__((always_inline)) double projection_backward_lanes_##
     const T s = (T)s_;                                                                         \
     const long N = B * H * L;                                                                  \
     double ds = 0;                                                                             \
-    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
-        if (N - n0 >= VW) projection_backward_lanes_pass_##SUF(ut, x, g, dx, dut, H, L, sb, sh, sl, r, s, &ds, n0, VW);\
-        else projection_backward_lanes_pass_##SUF(ut, x, g, dx, dut, H, L, sb, sh, sl, r, s, &ds, n0, N - n0);\
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
+        const T* rows[16];                                                                     \
+        T* out[16];                                                                            \
+        VW_##SUF X[16], G[16], DX[16], Ut[16], DU[16], dsn = {0};                              \
+        lanes_x_g_##SUF(x, g, n0, nb, H, L, sb, sh, sl, X, G, DX);                             \
+        for (long t = 0; t < r; ++t) {                                                         \
+            strided_rows_##SUF(ut, n0, nb, r * 16, t * 16, rows);                              \
+            rows_in_##SUF(rows, nb, Ut);                                                       \
+            strided_rows_##SUF(dut, n0, nb, r * 16, t * 16, rows);                             \
+            rows_in_##SUF(rows, nb, DU);                                                       \
+            VW_##SUF ct, et; tree16_##SUF(Ut, X, &ct); tree16_##SUF(Ut, G, &et);                     \
+            dsn += et * ct;                                                                    \
+            const VW_##SUF sc = s * ct, se = s * et;                                           \
+            for (long c = 0; c < 16; ++c) {                                                    \
+                DX[c] += se * Ut[c];                                                           \
+                DU[c] += sc * G[c] + se * X[c];                                                \
+            }                                                                                  \
+            for (long l = 0; l < nb; ++l) out[l] = dut + (n0 + l) * r * 16 + t * 16;           \
+            rows_out_##SUF(DU, nb, out);                                                       \
+        }                                                                                      \
+        for (long l = 0; l < nb; ++l) { ds += dsn[l]; out[l] = dx + (n0 + l) * 16; }           \
+        rows_out_##SUF(DX, nb, out);                                                           \
     }                                                                                          \
     return ds;                                                                                 \
 }                                                                                              \
@@ -1300,73 +1292,65 @@ static inline __attribute__((always_inline)) void lanes_pair_##SUF(             
     strided_rows_##SUF(wp, n0, nb, fs, (r + t) * 16, rows);                                    \
     rows_in_##SUF(rows, nb, Rt);                                                               \
 }                                                                                              \
-static inline __attribute__((always_inline)) void skew_forward_lanes_pass_##SUF(               \
-        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y, long Q, long H, long sb, long sl, long sh, long P, long r, long fs, long n0, const long nb) {\
-    const T* rows[16];                                                                     \
-    VW_##SUF X[16], Y[16], Lt[16], Rt[16];                                                 \
-    token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                                   \
-    rows_in_##SUF(rows, nb, X);                                                            \
-    for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
-    for (long p = 0; p < P; ++p) {                                                         \
-        const T wp = w[p];                                                                 \
-        for (long t = 0; t < r; ++t) {                                                     \
-            lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-            VW_##SUF cl, cr; tree16_##SUF(Lt, X, &cl); tree16_##SUF(Rt, X, &cr);                       \
-            cl *= wp; cr *= wp;                                                            \
-            for (long c = 0; c < 16; ++c) Y[c] += cr * Lt[c] - cl * Rt[c];                 \
-        }                                                                                  \
-    }                                                                                      \
-    T* out[16];                                                                            \
-    for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
-    rows_out_##SUF(Y, nb, out);                                                            \
-}                                                                                              \
 static inline __attribute__((always_inline)) void skew_forward_lanes_##SUF(                    \
         T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT w, T* RESTRICT y,       \
         long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
     const long N = B * Q * H;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
-        if (N - n0 >= VW) skew_forward_lanes_pass_##SUF(wts, x, w, y, Q, H, sb, sl, sh, P, r, fs, n0, VW);\
-        else skew_forward_lanes_pass_##SUF(wts, x, w, y, Q, H, sb, sl, sh, P, r, fs, n0, N - n0);\
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
+        const T* rows[16];                                                                     \
+        VW_##SUF X[16], Y[16], Lt[16], Rt[16];                                                 \
+        token_rows_##SUF(x, n0, nb, Q, H, sb, sl, sh, rows);                                   \
+        rows_in_##SUF(rows, nb, X);                                                            \
+        for (long c = 0; c < 16; ++c) Y[c] = X[c];                                             \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T wp = w[p];                                                                 \
+            for (long t = 0; t < r; ++t) {                                                     \
+                lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
+                VW_##SUF cl, cr; tree16_##SUF(Lt, X, &cl); tree16_##SUF(Rt, X, &cr);                       \
+                cl *= wp; cr *= wp;                                                            \
+                for (long c = 0; c < 16; ++c) Y[c] += cr * Lt[c] - cl * Rt[c];                 \
+            }                                                                                  \
+        }                                                                                      \
+        T* out[16];                                                                            \
+        for (long l = 0; l < nb; ++l) out[l] = y + (n0 + l) * 16;                              \
+        rows_out_##SUF(Y, nb, out);                                                            \
     }                                                                                          \
-}                                                                                              \
-static inline __attribute__((always_inline)) void skew_backward_lanes_pass_##SUF(              \
-        T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, T* const* RESTRICT dwts, T* RESTRICT dx, double* dw, long Q, long H, long sb, long sl, long sh, long P, long r, long fs, long n0, const long nb) {\
-    const T* rows[16];                                                                     \
-    T* out[16];                                                                            \
-    VW_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                         \
-    lanes_x_g_##SUF(x, g, n0, nb, Q, H, sb, sl, sh, X, G, DX);                             \
-    for (long p = 0; p < P; ++p) {                                                         \
-        const T wp = w[p];                                                                 \
-        VW_##SUF dwp = {0};                                                                \
-        for (long t = 0; t < r; ++t) {                                                     \
-            lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
-            VW_##SUF cl, cr, el, er; tree16_##SUF(Lt, X, &cl); tree16_##SUF(Rt, X, &cr);           \
-            tree16_##SUF(Lt, G, &el); tree16_##SUF(Rt, G, &er);                 \
-            dwp += el * cr - er * cl;                                                      \
-            for (long c = 0; c < 16; ++c) {                                                \
-                DX[c] -= wp * (er * Lt[c] - el * Rt[c]);                                   \
-                DL[c] = wp * (cr * G[c] - er * X[c]);                                      \
-                DR[c] = wp * (el * X[c] - cl * G[c]);                                      \
-            }                                                                              \
-            for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + t * 16;       \
-            rows_out_##SUF(DL, nb, out);                                                   \
-            for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + (r + t) * 16; \
-            rows_out_##SUF(DR, nb, out);                                                   \
-        }                                                                                  \
-        for (long l = 0; l < nb; ++l) dw[p] += dwp[l];  /* token by token, in order */     \
-    }                                                                                      \
-    token_rows_##SUF(dx, n0, nb, Q, H, sb, sl, sh, rows);                                  \
-    for (long l = 0; l < nb; ++l) out[l] = (T*)rows[l];                                    \
-    rows_out_##SUF(DX, nb, out);                                                           \
 }                                                                                              \
 static inline __attribute__((always_inline)) void skew_backward_lanes_##SUF(                   \
         T* const* RESTRICT wts, const T* RESTRICT x, const T* RESTRICT g, const T* RESTRICT w, \
         T* const* RESTRICT dwts, T* RESTRICT dx, double* dw,                                   \
         long B, long Q, long H, long sb, long sl, long sh, long P, long r, long fs) {           \
     const long N = B * Q * H;                                                                  \
-    for (long n0 = 0; n0 < N; n0 += VW) {  /* whole passes: a constant count */                \
-        if (N - n0 >= VW) skew_backward_lanes_pass_##SUF(wts, x, g, w, dwts, dx, dw, Q, H, sb, sl, sh, P, r, fs, n0, VW);\
-        else skew_backward_lanes_pass_##SUF(wts, x, g, w, dwts, dx, dw, Q, H, sb, sl, sh, P, r, fs, n0, N - n0);\
+    for (long n0 = 0; n0 < N; n0 += VW) {                                                      \
+        const long nb = N - n0 < VW ? N - n0 : VW;                                             \
+        const T* rows[16];                                                                     \
+        T* out[16];                                                                            \
+        VW_##SUF X[16], G[16], DX[16], Lt[16], Rt[16], DL[16], DR[16];                         \
+        lanes_x_g_##SUF(x, g, n0, nb, Q, H, sb, sl, sh, X, G, DX);                             \
+        for (long p = 0; p < P; ++p) {                                                         \
+            const T wp = w[p];                                                                 \
+            VW_##SUF dwp = {0};                                                                \
+            for (long t = 0; t < r; ++t) {                                                     \
+                lanes_pair_##SUF(wts[p], n0, nb, fs, r, t, Lt, Rt);                            \
+                VW_##SUF cl, cr, el, er; tree16_##SUF(Lt, X, &cl); tree16_##SUF(Rt, X, &cr);           \
+                tree16_##SUF(Lt, G, &el); tree16_##SUF(Rt, G, &er);                 \
+                dwp += el * cr - er * cl;                                                      \
+                for (long c = 0; c < 16; ++c) {                                                \
+                    DX[c] -= wp * (er * Lt[c] - el * Rt[c]);                                   \
+                    DL[c] = wp * (cr * G[c] - er * X[c]);                                      \
+                    DR[c] = wp * (el * X[c] - cl * G[c]);                                      \
+                }                                                                              \
+                for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + t * 16;       \
+                rows_out_##SUF(DL, nb, out);                                                   \
+                for (long l = 0; l < nb; ++l) out[l] = dwts[p] + (n0 + l) * fs + (r + t) * 16; \
+                rows_out_##SUF(DR, nb, out);                                                   \
+            }                                                                                  \
+            for (long l = 0; l < nb; ++l) dw[p] += dwp[l];  /* token by token, in order */     \
+        }                                                                                      \
+        token_rows_##SUF(dx, n0, nb, Q, H, sb, sl, sh, rows);                                  \
+        for (long l = 0; l < nb; ++l) out[l] = (T*)rows[l];                                    \
+        rows_out_##SUF(DX, nb, out);                                                           \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
