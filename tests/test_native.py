@@ -733,7 +733,7 @@ def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
             rc = (ptr(row), ptr(col)) if base else (None, None)
             fn("pairwise_forward")(ptr(ut), ptr(x), ptr(out), n, seq, r, 16, 0.3, causal, *rc, c1)
             fn("pairwise_backward")(ptr(ut), ptr(x), ptr(grad), ptr(dut), ptr(dx), n, seq, r, 16,
-                                    0.3, causal, c1)  # fmt: skip
+                                    0.3, causal, c1, 0, None, None, None, None)  # fmt: skip
             outs += [out, dut, dx]
         tokens = n * seq
         y, dxw = torch.empty(2, tokens, 16, dtype=dtype)

@@ -163,7 +163,7 @@ def _build(cc: str) -> Path:
 #: ``n`` a size, ``f`` a scalar (double), ``i`` a flag
 _SIGNATURES = {
     "pairwise_forward": "pppnnnnfippf",
-    "pairwise_backward": "pppppnnnnfif",
+    "pairwise_backward": "pppppnnnnfifipppp",
     "projection_forward": "pppnnnnnnnnfi",
     "projection_backward": "pppppnnnnnnnnfi",
     "woodbury_forward": "pppnnn",

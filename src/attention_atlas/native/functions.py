@@ -37,20 +37,22 @@ __all__ = [
 ]
 
 
-def _above_diagonal(seq: int, device: torch.device) -> Tensor:
-    return torch.ones(seq, seq, dtype=torch.bool, device=device).triu_(1)
-
-
-def _scores_grad(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(ut, x, d_scores)`` in the backward of the causal scores saved as ``(ut, x[, probs])``:
-    the gradient of the scores through the softmax (``ctx.softmax``), else with the entries
-    above the diagonal (``-inf`` in the forward) zeroed; contiguous."""
+def _scores_backward(
+    ctx: Any, grad: Tensor, **sums: Tensor
+) -> tuple[Tensor | None, Tensor, Tensor]:
+    """``(d_scores or None, d_ut, d_x)`` of the causal scores saved as ``(ut, x[, probs])``:
+    one pairwise backward call that first forms, item by item while it is in cache, the
+    scores' gradient from ``grad`` (through the softmax with ``ctx.softmax``, zero above the
+    diagonal: ``scores_grad`` in ``kernels.c``, in place of torch's softmax backward and sums
+    over ``(N, L, L)``), into a new ``(N, L, L)`` tensor, or, where ``d_row`` and ``d_col``
+    (``(N, L)``) are given, only into those: its row and column sums."""
     ut, x, *probs = ctx.saved_tensors
-    if ctx.softmax:
-        d_s = torch._softmax_backward_data(grad, probs[0], -1, probs[0].dtype)
-    else:
-        d_s = torch.where(_above_diagonal(ut.shape[1], grad.device), 0.0, grad)
-    return ut, x, d_s.contiguous()
+    d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
+    d_s = None if sums else torch.empty_like(grad, memory_format=torch.contiguous_format)
+    call("pairwise_backward", ut, x, grad.contiguous(), d_ut, d_x, *ut.shape, float(ctx.scale),
+         1, float(getattr(ctx, "c1", 0.0)), 1, probs[0] if ctx.softmax else 0,
+         0 if d_s is None else d_s, sums.get("d_row", 0), sums.get("d_col", 0))  # fmt: skip
+    return d_s, d_ut, d_x
 
 
 class CausalPairwiseTerms(torch.autograd.Function):
@@ -73,10 +75,8 @@ class CausalPairwiseTerms(torch.autograd.Function):
         return base
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
-        ut, x, d_base = _scores_grad(ctx, grad)
-        d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
-        call("pairwise_backward", ut, x, d_base, d_ut, d_x, *ut.shape, float(ctx.scale), 1, 0.0)
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor, Tensor, None, None]:  # type: ignore[override]
+        d_base, d_ut, d_x = _scores_backward(ctx, grad)
         return d_base, d_ut, d_x, None, None
 
 
@@ -112,11 +112,9 @@ class CausalScores(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        ut, x, d_s = _scores_grad(ctx, grad)
-        d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
-        call("pairwise_backward", ut, x, d_s, d_ut, d_x, *ut.shape, float(ctx.scale), 1,
-             float(ctx.c1))  # fmt: skip
-        return d_ut, d_x, d_s.sum(-1), d_s.sum(-2), None, None, None
+        d_row, d_col = grad.new_empty(2, *grad.shape[:2])  # row and column sums of d scores
+        _, d_ut, d_x = _scores_backward(ctx, grad, d_row=d_row, d_col=d_col)
+        return d_ut, d_x, d_row, d_col, None, None, None
 
 
 class PairwiseTerms(torch.autograd.Function):
@@ -137,7 +135,7 @@ class PairwiseTerms(torch.autograd.Function):
         ut, x = ctx.saved_tensors
         d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
         call("pairwise_backward", ut, x, grad.contiguous(), d_ut, d_x, *ut.shape,
-             float(ctx.scale), 0, 0.0)  # fmt: skip
+             float(ctx.scale), 0, 0.0, 0, 0, 0, 0, 0)  # fmt: skip
         return d_ut, d_x, None
 
 

@@ -553,10 +553,54 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
     }                                                                                          \
 }                                                                                              \
                                                                                                \
+/* the gradient of one item's causal scores from the gradient g of the kernel's output: through \
+   the softmax when p (its probabilities) is given, ds_ij = p_ij (g_ij - sum_l g_il p_il), else \
+   g_ij itself, for j <= i, and 0 above the diagonal; written to ds (L, L), with its row sums   \
+   dr and column sums dc (the gradients of the scores' row and column terms) where given. Each \
+   row's two sums as 8 partial sums, added in a fixed tree at the end */                        \
+static void scores_grad_##SUF(const T* RESTRICT g, const T* RESTRICT p, T* RESTRICT ds,        \
+                              long L, T* RESTRICT dr, T* RESTRICT dc) {                        \
+    if (dc) memset(dc, 0, sizeof(T) * L);                                                      \
+    for (long i = 0; i < L; ++i) {                                                             \
+        const T *gi = g + i * L, *pi = p ? p + i * L : 0;                                      \
+        T* RESTRICT o = ds + i * L;                                                            \
+        T dot = 0;                                                                             \
+        if (pi) {                                                                              \
+            T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                              \
+            long j = 0;                                                                        \
+            for (; j + 8 <= i + 1; j += 8)                                                     \
+                for (int l = 0; l < 8; ++l) part[l] += gi[j + l] * pi[j + l];                  \
+            for (; j <= i; ++j) part[j & 7] += gi[j] * pi[j];                                  \
+            dot = ((part[0] + part[1]) + (part[2] + part[3]))                                  \
+                + ((part[4] + part[5]) + (part[6] + part[7]));                                 \
+            for (long j = 0; j <= i; ++j) o[j] = pi[j] * (gi[j] - dot);                        \
+        } else {                                                                               \
+            for (long j = 0; j <= i; ++j) o[j] = gi[j];                                        \
+        }                                                                                      \
+        for (long j = i + 1; j < L; ++j) o[j] = 0;                                             \
+        if (dr) {                                                                              \
+            T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                              \
+            long j = 0;                                                                        \
+            for (; j + 8 <= i + 1; j += 8)                                                     \
+                for (int l = 0; l < 8; ++l) part[l] += o[j + l];                               \
+            for (; j <= i; ++j) part[j & 7] += o[j];                                           \
+            dr[i] = ((part[0] + part[1]) + (part[2] + part[3]))                                \
+                  + ((part[4] + part[5]) + (part[6] + part[7]));                               \
+        }                                                                                      \
+        if (dc)                                                                                \
+            for (long j = 0; j <= i; ++j) dc[j] += o[j];                                       \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* grad: the gradient of the scores (causal: read for j <= i only), or with sg != 0 the        \
+   gradient of the kernel's output, which scores_grad turns into the scores' (through the     \
+   softmax when probs is given) item by item while it is in cache, into ds (N, L, L) when      \
+   given, else a scratch item; d_row and d_col (N, L) then get its row and column sums */      \
 void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,                        \
                              const T* RESTRICT grad, T* RESTRICT d_ut, T* RESTRICT d_x,        \
                              long N, long L, long r, long d, double scale_, int causal,       \
-                             double c1_) {                                                     \
+                             double c1_, int sg, const T* RESTRICT probs, T* RESTRICT ds,     \
+                             T* RESTRICT d_row, T* RESTRICT d_col) {                           \
     const T two_scale = (T)(2.0 * scale_), c1 = (T)c1_;                                        \
     const long Lp = ROW_STRIDE(L);                                                             \
     const long nacc = L * r * d + L * d;  /* ru and rq; then ck and cu */                      \
@@ -569,6 +613,7 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
     /* level 2 (c1 != 0, d = 16): the base's weights and its shares of dq and dk */           \
     T* W3 = c1_ != 0.0 ? (T*)malloc(sizeof(T) * (TB * TB + 2 * L * d)) : 0;                    \
     T *rq3 = W3 ? W3 + TB * TB : 0, *ck3 = W3 ? rq3 + L * d : 0;                               \
+    T* gs = sg && !ds ? (T*)malloc(sizeof(T) * L * L) : 0;  /* scores_grad's scratch item */     \
     for (long n = 0; n < N; ++n) {                                                             \
         const T* u = ut + n * L * r * d;                                                       \
         const T* q = x + n * 2 * L * d;                                                        \
@@ -581,6 +626,12 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
         memset(da, 0, sizeof(T) * (L * r + 2 * nacc));                                         \
         if (W3) memset(rq3, 0, sizeof(T) * 2 * L * d);                                         \
         const T* gr = grad + n * L * L;                                                        \
+        if (sg) {  /* the scores' gradient, item by item */                                    \
+            T* o = ds ? ds + n * L * L : gs;                                                   \
+            scores_grad_##SUF(gr, probs ? probs + n * L * L : 0, o, L, d_row ? d_row + n * L : 0,\
+                              d_col ? d_col + n * L : 0);                                      \
+            gr = o;                                                                            \
+        }                                                                                      \
         switch (r * 1000 + d) {                                                                \
             case 2016: backward_item_##SUF(u, q, k, kT, uT, a, b, gr, ru, rq, ck, cu, W, W2,  \
                                            da, db, L, Lp, 2, 16, two_scale, causal, c1, W3,   \
@@ -642,6 +693,7 @@ void pairwise_backward_##SUF(const T* RESTRICT ut, const T* RESTRICT x,         
     }                                                                                          \
     free(b);                                                                                   \
     free(W3);                                                                                  \
+    free(gs);                                                                                  \
     free(buf);                                                                                 \
 }
 
