@@ -102,10 +102,18 @@ static inline double exp_nonpositive_fma_f64(double x) { return exp(x); }
  * layer, out of the caches). */
 #define DEFINE_SOFTMAX_ROW(T, SUF)                                                             \
 static void softmax_row_##SUF(T* RESTRICT o, long m, long L) {                                 \
-    T mx = o[0];                                                                               \
-    for (long j = 1; j < m; ++j) mx = o[j] > mx ? o[j] : mx;                                   \
-    T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                      \
+    /* the row's largest entry by 8 running maxima (one vector's lanes; a chain of scalar     \
+       comparisons took half the function's time): the same value as the chain's (a NaN only  \
+       where o[0] is one, in both) */                                                          \
+    T pm[8] = {o[0], o[0], o[0], o[0], o[0], o[0], o[0], o[0]};                                \
     long j = 0;                                                                                \
+    for (; j + 8 <= m; j += 8)                                                                 \
+        for (int l = 0; l < 8; ++l) pm[l] = o[j + l] > pm[l] ? o[j + l] : pm[l];               \
+    for (; j < m; ++j) pm[j & 7] = o[j] > pm[j & 7] ? o[j] : pm[j & 7];                        \
+    T mx = pm[0];                                                                              \
+    for (int l = 1; l < 8; ++l) mx = pm[l] > mx ? pm[l] : mx;                                  \
+    T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                      \
+    j = 0;                                                                                     \
     for (; j + 8 <= m; j += 8)                                                                 \
         for (int l = 0; l < 8; ++l) {                                                          \
             const T e = exp_nonpositive_##SUF(o[j + l] - mx);                                  \
