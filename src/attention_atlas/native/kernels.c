@@ -295,20 +295,20 @@ void pairwise_forward_##SUF(const T* RESTRICT ut, const T* RESTRICT x, T* RESTRI
     free(buf);                                                                                 \
 }                                                                                              \
                                                                                                \
-/* one pair's share of a token's sums in the pairwise backward (d = 16): au[s] += (sa wa_s) xv \
-   and ax += (sb wb_s) u_s, with xv and u_s the other token's vector and factor rows (the query \
-   side: wa = W, sa = -1 with its key, wb = W2, sb = 1; the key side the mirror) */            \
+/* one pair's share of a token's sums in the pairwise backward (d = 16): au[s] += wa_s xv and \
+   ax += wb_s u_s, with xv and u_s the other token's vector and factor rows (the query side:   \
+   wa = W, which holds -g e, with its key, wb = W2; the key side the mirror) */                \
 static inline __attribute__((always_inline)) void pair_sums16_##SUF(                           \
         VW_##SUF au[RMAX], VW_##SUF* ax, const T* RESTRICT xrow, const T* RESTRICT urow,       \
-        const T* RESTRICT wa, T sa, const T* RESTRICT wb, T sb, long R, VW_##SUF* a3,          \
+        const T* RESTRICT wa, const T* RESTRICT wb, long R, VW_##SUF* a3,                      \
         const T* RESTRICT w3) {                                                                \
     VW_##SUF xv, us;                                                                           \
     memcpy(&xv, xrow, sizeof xv);                                                              \
     if (a3) *a3 += w3[0] * xv;  /* level 2: c1 g_ij times the other token's key or query */   \
     for (long s = 0; s < R; ++s) {                                                             \
         memcpy(&us, urow + s * 16, sizeof us);                                                 \
-        au[s] += (sa * wa[s * WS]) * xv;                                                  \
-        *ax += (sb * wb[s * WS]) * us;                                                    \
+        au[s] += wa[s * WS] * xv;                                                              \
+        *ax += wb[s * WS] * us;                                                                \
     }                                                                                          \
 }                                                                                              \
 /* one token's sums over the other tokens o0 <= o < o1 of a tile (d = 16), accumulated into its \
@@ -316,8 +316,8 @@ static inline __attribute__((always_inline)) void pair_sums16_##SUF(            
    wa[(o - o0) ws], wb and w3 likewise (as pair_sums16) */                                     \
 static inline __attribute__((always_inline)) void token_sums16_##SUF(                          \
         T* RESTRICT au_row, T* RESTRICT ax_row, T* RESTRICT a3_row, const T* RESTRICT xs,      \
-        const T* RESTRICT us, long o0, long o1, const T* RESTRICT wa, T sa,                    \
-        const T* RESTRICT wb, T sb, const T* RESTRICT w3, long ws, long R) {                   \
+        const T* RESTRICT us, long o0, long o1, const T* RESTRICT wa,                          \
+        const T* RESTRICT wb, const T* RESTRICT w3, long ws, long R) {                         \
     for (long h = 0; h < 16; h += VW) {  /* VW columns at a time */                            \
         VW_##SUF au[RMAX], ax, a3 = {0};                                                       \
         for (long s = 0; s < R; ++s) memcpy(&au[s], au_row + s * 16 + h, sizeof ax);           \
@@ -325,8 +325,8 @@ static inline __attribute__((always_inline)) void token_sums16_##SUF(           
         if (a3_row) memcpy(&a3, a3_row + h, sizeof a3);                                        \
         for (long o = o0; o < o1; ++o) {                                                       \
             const long w = (o - o0) * ws;                                                      \
-            pair_sums16_##SUF(au, &ax, xs + o * 16 + h, us + o * R * 16 + h, wa + w, sa, wb + w,\
-                              sb, R, a3_row ? &a3 : 0, a3_row ? w3 + w : 0);                   \
+            pair_sums16_##SUF(au, &ax, xs + o * 16 + h, us + o * R * 16 + h, wa + w, wb + w, R,  \
+                              a3_row ? &a3 : 0, a3_row ? w3 + w : 0);                          \
         }                                                                                      \
         for (long s = 0; s < R; ++s) memcpy(au_row + s * 16 + h, &au[s], sizeof ax);           \
         memcpy(ax_row + h, &ax, sizeof ax);                                                    \
@@ -342,7 +342,7 @@ static inline __attribute__((always_inline)) void pair_joint16_##SUF(           
         const T* RESTRICT wb_a, const T* RESTRICT w3_a, T* RESTRICT au_b, T* RESTRICT ax_b,    \
         T* RESTRICT a3_b, const T* RESTRICT wa_b, const T* RESTRICT wb_b,                      \
         const T* RESTRICT w3_b, const T* RESTRICT xs, const T* RESTRICT us, long o0, long o1,  \
-        T sa, T sb, long ws, long R) {                                                         \
+        long ws, long R) {                                                                     \
     for (long h = 0; h < 16; h += VW) {  /* VW columns at a time */                            \
         VW_##SUF ua[RMAX], ub[RMAX], xa, xb, ta = {0}, tb = {0}, xv, uv;                       \
         for (long s = 0; s < R; ++s) {                                                         \
@@ -358,10 +358,10 @@ static inline __attribute__((always_inline)) void pair_joint16_##SUF(           
             if (a3_a) { ta += w3_a[w] * xv; tb += w3_b[w] * xv; }                              \
             for (long s = 0; s < R; ++s) {                                                     \
                 memcpy(&uv, us + (o * R + s) * 16 + h, sizeof uv);                             \
-                ua[s] += (sa * wa_a[w + s * WS]) * xv;                                         \
-                xa += (sb * wb_a[w + s * WS]) * uv;                                            \
-                ub[s] += (sa * wa_b[w + s * WS]) * xv;                                         \
-                xb += (sb * wb_b[w + s * WS]) * uv;                                            \
+                ua[s] += wa_a[w + s * WS] * xv;                                                \
+                xa += wb_a[w + s * WS] * uv;                                                   \
+                ub[s] += wa_b[w + s * WS] * xv;                                                \
+                xb += wb_b[w + s * WS] * uv;                                                   \
             }                                                                                  \
         }                                                                                      \
         for (long s = 0; s < R; ++s) {                                                         \
@@ -381,34 +381,35 @@ static inline __attribute__((always_inline)) void pair_sums2x16_##SUF(          
         const T* RESTRICT wa_a, const T* RESTRICT wb_a, const T* RESTRICT w3_a,                \
         T* RESTRICT au_b, T* RESTRICT ax_b, T* RESTRICT a3_b, long b0, long b1,                \
         const T* RESTRICT wa_b, const T* RESTRICT wb_b, const T* RESTRICT w3_b,                \
-        const T* RESTRICT xs, const T* RESTRICT us, T sa, T sb, long ws, long R) {             \
+        const T* RESTRICT xs, const T* RESTRICT us, long ws, long R) {                         \
     const long c0 = a0 > b0 ? a0 : b0, c1 = a1 < b1 ? a1 : b1;                                 \
     if (c0 >= c1) {                                                                            \
-        token_sums16_##SUF(au_a, ax_a, a3_a, xs, us, a0, a1, wa_a, sa, wb_a, sb, w3_a, ws, R); \
-        token_sums16_##SUF(au_b, ax_b, a3_b, xs, us, b0, b1, wa_b, sa, wb_b, sb, w3_b, ws, R); \
+        token_sums16_##SUF(au_a, ax_a, a3_a, xs, us, a0, a1, wa_a, wb_a, w3_a, ws, R);         \
+        token_sums16_##SUF(au_b, ax_b, a3_b, xs, us, b0, b1, wa_b, wb_b, w3_b, ws, R);         \
         return;                                                                                \
     }                                                                                          \
     if (a0 < c0)                                                                               \
-        token_sums16_##SUF(au_a, ax_a, a3_a, xs, us, a0, c0, wa_a, sa, wb_a, sb, w3_a, ws, R); \
+        token_sums16_##SUF(au_a, ax_a, a3_a, xs, us, a0, c0, wa_a, wb_a, w3_a, ws, R);         \
     if (b0 < c0)                                                                               \
-        token_sums16_##SUF(au_b, ax_b, a3_b, xs, us, b0, c0, wa_b, sa, wb_b, sb, w3_b, ws, R); \
+        token_sums16_##SUF(au_b, ax_b, a3_b, xs, us, b0, c0, wa_b, wb_b, w3_b, ws, R);         \
     const long pa = (c0 - a0) * ws, pb = (c0 - b0) * ws;                                       \
     pair_joint16_##SUF(au_a, ax_a, a3_a, wa_a + pa, wb_a + pa, w3_a ? w3_a + pa : 0, au_b, ax_b, \
-                       a3_b, wa_b + pb, wb_b + pb, w3_b ? w3_b + pb : 0, xs, us, c0, c1, sa, sb, \
-                       ws, R);                                                                 \
+                       a3_b, wa_b + pb, wb_b + pb, w3_b ? w3_b + pb : 0, xs, us, c0, c1, ws,  \
+                       R);                                                                     \
     const long qa = (c1 - a0) * ws, qb = (c1 - b0) * ws;                                       \
     if (c1 < a1)                                                                               \
-        token_sums16_##SUF(au_a, ax_a, a3_a, xs, us, c1, a1, wa_a + qa, sa, wb_a + qa, sb,     \
+        token_sums16_##SUF(au_a, ax_a, a3_a, xs, us, c1, a1, wa_a + qa, wb_a + qa,             \
                            w3_a ? w3_a + qa : 0, ws, R);                                       \
     if (c1 < b1)                                                                               \
-        token_sums16_##SUF(au_b, ax_b, a3_b, xs, us, c1, b1, wa_b + qb, sa, wb_b + qb, sb,     \
+        token_sums16_##SUF(au_b, ax_b, a3_b, xs, us, c1, b1, wa_b + qb, wb_b + qb,             \
                            w3_b ? w3_b + qb : 0, ws, R);                                       \
 }                                                                                              \
 /* one item's backward, tile by tile (TB x TB pairs): per tile, 1. the weights               \
-   W[ii][jj][s] = g_ij e_ijs (the query's metric) and W2 = g_ij f_ijs (the key's), 0 where     \
-   j > i (causal), with the centres' sums da (L, r) and db (r, Lp); 2. per query i, sums over  \
-   the tile's keys in registers: ru_i -= sum_j W k_j, rq_i += sum_j W2 u_j; 3. per key j, sums \
-   over the tile's queries: ck_j -= sum_i W u_i, cu_j += sum_i W2 q_i. The accumulators ru, rq, \
+   W[ii][jj][s] = -g_ij e_ijs (the query's metric, negated: every sum below adds) and W2 =     \
+   g_ij f_ijs (the key's), 0 where j > i (causal), with the centres' sums da (L, r) of g e and  \
+   db (r, Lp); 2. per query i, sums over the tile's keys in registers: ru_i += sum_j W k_j,    \
+   rq_i += sum_j W2 u_j; 3. per key j, sums over the tile's queries: ck_j += sum_i W u_i,      \
+   cu_j += sum_i W2 q_i. The accumulators ru, rq,                                              \
    ck, cu (zeroed by the caller) and the tile stay in the caches. */                           \
 static inline __attribute__((always_inline)) void backward_item_##SUF(                        \
         const T* RESTRICT u, const T* RESTRICT q, const T* RESTRICT k, const T* RESTRICT kT,   \
@@ -449,7 +450,8 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                         for (long s = 0; s < R; ++s) {                                         \
                             wv = gv * ev[s];                                                   \
                             w2v = gv * fv[s];                                                  \
-                            memcpy(W + s * WS + p, &wv, sizeof wv);                            \
+                            const VW_##SUF nw = -wv;  /* W holds -g e: every sum below adds */ \
+                            memcpy(W + s * WS + p, &nw, sizeof nw);                            \
                             memcpy(W2 + s * WS + p, &w2v, sizeof w2v);                         \
                             T acc = da[i * R + s];                                             \
                             for (long jj = 0; jj < VW; ++jj) acc += wv[jj];                    \
@@ -470,7 +472,7 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                         if (W3) W3[p] = (causal && j > i) ? 0 : c1 * gi[j];                    \
                         for (long s = 0; s < R; ++s) {                                         \
                             const T w = g * e[s][jj], w2 = g * f[s][jj];                       \
-                            W[s * WS + p] = w;                                            \
+                            W[s * WS + p] = -w;                                           \
                             W2[s * WS + p] = w2;                                          \
                             da[i * R + s] += w;                                                \
                             db[s * Lp + j] -= w2;                                              \
@@ -487,11 +489,11 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                                             j0, jm, W + w0, W2 + w0, W3 ? W3 + w0 : 0,         \
                                             ru + (i + 1) * R * 16, rq + (i + 1) * 16,          \
                                             W3 ? rq3 + (i + 1) * 16 : 0, j0, jm2, W + w1,      \
-                                            W2 + w1, W3 ? W3 + w1 : 0, k, u, -1, 1, 1, R);     \
+                                            W2 + w1, W3 ? W3 + w1 : 0, k, u, 1, R);            \
                         continue;                                                              \
                     }                                                                          \
                     token_sums16_##SUF(ru + i * R * 16, rq + i * 16, W3 ? rq3 + i * 16 : 0, k, u, \
-                                       j0, jm, W + w0, -1, W2 + w0, 1, W3 ? W3 + w0 : 0, 1, R); \
+                                       j0, jm, W + w0, W2 + w0, W3 ? W3 + w0 : 0, 1, R); \
                 }                                                                              \
                 for (long j = j0; j < j1; j += 2) {  /* the keys' sums over the tile's queries */ \
                     const long lo = causal && j > i0 ? j : i0, w0 = (lo - i0) * TB + j - j0;   \
@@ -502,11 +504,11 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                                             lo, i1, W2 + w0, W + w0, W3 ? W3 + w0 : 0,         \
                                             cu + (j + 1) * R * 16, ck + (j + 1) * 16,          \
                                             W3 ? ck3 + (j + 1) * 16 : 0, lo2, i1, W2 + w1,     \
-                                            W + w1, W3 ? W3 + w1 : 0, q, u, 1, -1, TB, R);     \
+                                            W + w1, W3 ? W3 + w1 : 0, q, u, TB, R);            \
                         continue;                                                              \
                     }                                                                          \
                     token_sums16_##SUF(cu + j * R * 16, ck + j * 16, W3 ? ck3 + j * 16 : 0, q, u, \
-                                       lo, i1, W2 + w0, 1, W + w0, -1, W3 ? W3 + w0 : 0, TB, R); \
+                                       lo, i1, W2 + w0, W + w0, W3 ? W3 + w0 : 0, TB, R); \
                 }                                                                              \
                 continue;                                                                      \
             }                                                                                  \
@@ -525,7 +527,7 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                         const T ws = w[s * WS], w2s = w2[s * WS];                                        \
                         _Pragma("omp simd")                                                    \
                         for (long c = 0; c < d; ++c) {                                         \
-                            au[s][c] -= ws * kj[c];                                            \
+                            au[s][c] += ws * kj[c];                                            \
                             aq[c] += w2s * uj[s * d + c];                                      \
                         }                                                                      \
                     }                                                                          \
@@ -548,7 +550,7 @@ static inline __attribute__((always_inline)) void backward_item_##SUF(          
                         const T ws = w[s * WS], w2s = w2[s * WS];                                        \
                         _Pragma("omp simd")                                                    \
                         for (long c = 0; c < d; ++c) {                                         \
-                            ak[c] -= ws * ui[s * d + c];                                       \
+                            ak[c] += ws * ui[s * d + c];                                       \
                             au[s][c] += w2s * qi[c];                                           \
                         }                                                                      \
                     }                                                                          \
