@@ -288,7 +288,11 @@ viz.markdown(steps.compile_sentence(cframes))
 # their gradient while the Gram matrices are in cache, the metric strength of the curvature
 # (eq. (21)) in one pass, and the base of the causal scores (the dot-product, norm and curvature
 # terms of eq. (16)) inside the pairwise kernels; level 3 forms the cofactor regulariser's fused
-# causal heads with fused multiply-adds. The SSM's kernels need no level: they form each chunk's
+# causal heads with fused multiply-adds. (No stored record made with the kernels yet carries its
+# processor's `cpu_id`, which exact re-runs need, so kernels have also changed their rounding
+# within a level: the transport kernels' sums, the row softmax and the scores' gradient formed
+# inside the pairwise kernels. Once such a record is stored, that takes a new level.) The SSM's
+# kernels need no level: they form each chunk's
 # decay mask in cache and never write it out, but compute every entry by the same float
 # operations in the same order as the PyTorch path, so a run gives the same bits with them as
 # without (a test holds them to it). The records below time each such step, at the level they
