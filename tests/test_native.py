@@ -732,9 +732,11 @@ def _vector_outputs(lib, dtype: torch.dtype):  # type: ignore[no-untyped-def]
             c1 = 0.7 if base else 0.0
             rc = (ptr(row), ptr(col)) if base else (None, None)
             fn("pairwise_forward")(ptr(ut), ptr(x), ptr(out), n, seq, r, 16, 0.3, causal, *rc, c1)
+            sg, sums = (1, torch.empty(2, n, seq, dtype=dtype)) if causal == 2 else (0, None)
             fn("pairwise_backward")(ptr(ut), ptr(x), ptr(grad), ptr(dut), ptr(dx), n, seq, r, 16,
-                                    0.3, causal, c1, 0, None, None, None, None)  # fmt: skip
-            outs += [out, dut, dx]
+                                    0.3, causal, c1, sg, ptr(out) if sg else None, None,
+                                    *((ptr(sums[0]), ptr(sums[1])) if sg else (None, None)))  # fmt: skip
+            outs += [out, dut, dx, *([] if sums is None else [sums])]  # 2: through the softmax
         tokens = n * seq
         y, dxw = torch.empty(2, tokens, 16, dtype=dtype)
         dutw = torch.empty_like(ut)
