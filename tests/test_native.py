@@ -658,6 +658,12 @@ def test_causal_scores_softmax_in_float_is_the_double_builds_to_float_precision(
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.sum(-1), torch.ones(3, 37), rtol=0, atol=1e-6)
     assert float(got.triu(1).abs().max()) == 0.0
+    # scores spread over hundreds (c1 = 40): exp(s - max) overflows unless max is each row's
+    # largest entry, wherever in the row it lies
+    want, got = (NF.CausalScores.apply(*(t.to(dt) for t in args), 40.0, -0.05, True)
+                 for dt in (DT, torch.float32))  # fmt: skip
+    assert float(want.amax(-1).min()) < 0.99 and bool(got.isfinite().all())
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-4)
 
 
 def test_factor_rows_are_u_transposed_token_by_token_and_a_view_of_r_major_storage() -> None:

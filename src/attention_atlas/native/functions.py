@@ -50,7 +50,7 @@ def _scores_backward(
     d_ut, d_x = torch.empty_like(ut), torch.empty_like(x)
     d_s = None if sums else torch.empty_like(grad, memory_format=torch.contiguous_format)
     call("pairwise_backward", ut, x, grad.contiguous(), d_ut, d_x, *ut.shape, float(ctx.scale),
-         1, float(getattr(ctx, "c1", 0.0)), 1, probs[0] if ctx.softmax else 0,
+         1, float(ctx.c1), 1, probs[0] if ctx.softmax else 0,
          0 if d_s is None else d_s, sums.get("d_row", 0), sums.get("d_col", 0))  # fmt: skip
     return d_s, d_ut, d_x
 
@@ -65,7 +65,7 @@ class CausalPairwiseTerms(torch.autograd.Function):
         ctx: Any, base: Tensor, ut: Tensor, x: Tensor, scale: float, softmax: bool
     ) -> Tensor:  # type: ignore[override]
         call("pairwise_forward", ut, x, base, *ut.shape, float(scale), 1, 0, 0, 0.0)  # -inf above
-        ctx.scale, ctx.softmax = scale, softmax
+        ctx.scale, ctx.c1, ctx.softmax = scale, 0.0, softmax  # c1 = 0: no base in the kernel
         if softmax:
             out = torch.softmax(base, -1)
             ctx.save_for_backward(ut, x, out)

@@ -100,6 +100,8 @@ static inline double exp_nonpositive_fma_f64(double x) { return exp(x); }
  * once a row of the pairwise forward is complete, while it is in the first-level cache: the
  * separate softmax read the whole (N, L, L) scores back (at chapter 4's long shape 16 MiB a
  * layer, out of the caches). */
+/* eight partial sums p[0..7] added in one fixed tree: neighbours, pairs, halves */
+#define TREE8(p) ((((p)[0] + (p)[1]) + ((p)[2] + (p)[3])) + (((p)[4] + (p)[5]) + ((p)[6] + (p)[7])))
 #define DEFINE_SOFTMAX_ROW(T, SUF)                                                             \
 static void softmax_row_##SUF(T* RESTRICT o, long m, long L) {                                 \
     /* the row's largest entry by 8 running maxima (one vector's lanes; a chain of scalar     \
@@ -120,8 +122,7 @@ static void softmax_row_##SUF(T* RESTRICT o, long m, long L) {                  
             o[j + l] = e; part[l] += e;                                                        \
         }                                                                                      \
     for (; j < m; ++j) { const T e = exp_nonpositive_##SUF(o[j] - mx); o[j] = e; part[j & 7] += e; }\
-    const T sum = ((part[0] + part[1]) + (part[2] + part[3]))                                  \
-                + ((part[4] + part[5]) + (part[6] + part[7]));                                 \
+    const T sum = TREE8(part);                                                                 \
     const T inv = (T)1 / sum;                                                                  \
     for (long c = 0; c < m; ++c) o[c] *= inv;                                                  \
     for (long c = m; c < L; ++c) o[c] = 0;                                                     \
@@ -581,8 +582,7 @@ static void scores_grad_##SUF(const T* RESTRICT g, const T* RESTRICT p, T* RESTR
             for (; j + 8 <= i + 1; j += 8)                                                     \
                 for (int l = 0; l < 8; ++l) part[l] += gi[j + l] * pi[j + l];                  \
             for (; j <= i; ++j) part[j & 7] += gi[j] * pi[j];                                  \
-            dot = ((part[0] + part[1]) + (part[2] + part[3]))                                  \
-                + ((part[4] + part[5]) + (part[6] + part[7]));                                 \
+            dot = TREE8(part);                                                                 \
             for (long j = 0; j <= i; ++j) o[j] = pi[j] * (gi[j] - dot);                        \
         } else {                                                                               \
             for (long j = 0; j <= i; ++j) o[j] = gi[j];                                        \
@@ -594,8 +594,7 @@ static void scores_grad_##SUF(const T* RESTRICT g, const T* RESTRICT p, T* RESTR
             for (; j + 8 <= i + 1; j += 8)                                                     \
                 for (int l = 0; l < 8; ++l) part[l] += o[j + l];                               \
             for (; j <= i; ++j) part[j & 7] += o[j];                                           \
-            dr[i] = ((part[0] + part[1]) + (part[2] + part[3]))                                \
-                  + ((part[4] + part[5]) + (part[6] + part[7]));                               \
+            dr[i] = TREE8(part);                                                               \
         }                                                                                      \
         if (dc)                                                                                \
             for (long j = 0; j <= i; ++j) dc[j] += o[j];                                       \
