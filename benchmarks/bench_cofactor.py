@@ -9,7 +9,7 @@
    hand, no LU for causal heads) and the reference
    path (every head's probabilities from the explicit path, torch's autograd through the LU: the
    implementation before the fast path), interleaved in one process
-   (:func:`attention_atlas.experiments.cofactor_timing.step_overhead`). Target: the regulariser
+   (:func:`attention_atlas.experiments.cofactor.timing.step_overhead`). Target: the regulariser
    at most 5% of a step (its share of the FLOPs is below 1.2% at every shape).
 
 3. ``--decompose``: where the regulariser's share of a step goes, at the same shapes. Every arm
@@ -21,7 +21,7 @@
    probabilities, :func:`~attention_atlas.cofactor.heads.head_probs`) and ``cofactor`` (the
    whole term), each against ``off`` (no regulariser).
 
-Ratios are medians of per-round ratios from :func:`attention_atlas.bench.compare`, with the
+Ratios are medians of per-round ratios from :func:`attention_atlas.bench.timing.compare`, with the
 CPU-time ratios (``time.thread_time``, unaffected by time-sharing) beside them.
 
 Run (one to two minutes per part on 2 shared CPU cores, one thread)::
@@ -40,10 +40,10 @@ from typing import Any
 
 import torch
 
-from attention_atlas.bench import compare
-from attention_atlas.experiments import cofactor as experiment
-from attention_atlas.experiments.cofactor_numerics import lu_vs_minors
-from attention_atlas.experiments.cofactor_timing import step_overhead
+from attention_atlas.bench.timing import compare
+from attention_atlas.experiments.cofactor import run as experiment
+from attention_atlas.experiments.cofactor.numerics import lu_vs_minors
+from attention_atlas.experiments.cofactor.timing import step_overhead
 
 TARGETS = {64: 40.0, 128: 100.0}
 #: the regulariser's share of a training step the fast path aims at
@@ -96,20 +96,19 @@ def bench_step(presets: list[str], reps: int) -> dict[str, Any]:
 
 def _shared_steps(params: dict[str, Any], arms: dict[str, str | None]) -> dict[str, Any]:
     """One call = one optimiser step of ONE harness run of ``params`` (a configuration of
-    :func:`~attention_atlas.experiments.cofactor.chapter_grid`), with regulariser ``arms[name]``
+    :func:`~attention_atlas.experiments.cofactor.run.chapter_grid`), with regulariser ``arms[name]``
     (a registered name, None for none) and the chapter's options."""
     from dataclasses import replace
 
     from attention_atlas.models import ModelConfig
-    from attention_atlas.train import TrainConfig
+    from attention_atlas.train import TrainConfig, build_run, optimiser_step
     from attention_atlas.train.checkpoint import TrainClock
-    from attention_atlas.train.loop import _build, _optimiser_step
 
     reg = params["regularizer"]
     tcfg = TrainConfig(**params["train"], seed=0, progress=False, measure_flops=False,
                        effective_rank=False, regularizers=[reg])  # fmt: skip
     data = experiment.load_task(params["task"], params["lm_level"])
-    run = _build(ModelConfig(**params["model"]), tcfg, data, torch.device("cpu"), [])
+    run = build_run(ModelConfig(**params["model"]), tcfg, data, "cpu")
     clock = TrainClock(run.progress.timing)
 
     def step_of(name: str | None) -> Any:
@@ -118,7 +117,7 @@ def _shared_steps(params: dict[str, Any], arms: dict[str, str | None]) -> dict[s
         def step() -> torch.Tensor:
             run.cfg = cfg
             with torch.enable_grad():
-                _optimiser_step(run, run.model, False, clock)
+                optimiser_step(run, run.model, False, clock)
             return torch.zeros(())
 
         return step
@@ -128,15 +127,15 @@ def _shared_steps(params: dict[str, Any], arms: dict[str, str | None]) -> dict[s
 
 def _register_parts() -> dict[str, str | None]:
     """The arms of part 3, their regularisers registered under ``bench_cofactor_*``."""
-    from attention_atlas.attention.registry import available_regularizers, register_regularizer
-    from attention_atlas.cofactor.heads import _forward_qk, head_probs
+    from attention_atlas.cofactor.heads import forward_qk, head_probs
+    from attention_atlas.models.hooks import available_regularizers, register_regularizer
 
     def zero(model: Any, output: Any, batch: Any, **kw: Any) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float64)
 
     def qk(model: Any, output: Any, batch: Any, **kw: Any) -> torch.Tensor:
         layers, heads = list(range(len(model.blocks))), list(range(kw.get("heads", 1)))
-        got = _forward_qk(output, layers, heads, None)
+        got = forward_qk(output, layers, heads, None)
         assert got is not None, "part 3 needs a forward that returned its queries and keys"
         return (got[0].sum() + got[1].sum()) * 0.0
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_compare.py [--n 256] [--reps 10] [--json artifacts/bench/compare.json]
 
-:func:`attention_atlas.bench.compare` times ``x @ x`` and ``x @ x @ x @ x`` (three products of
+:func:`attention_atlas.bench.timing.compare` times ``x @ x`` and ``x @ x @ x @ x`` (three products of
 the same size) interleaved in one process; the median per-round ratio should be near 3 in
 forward and forward+backward. A ratio far from 3 says the machine's load or a small size
 dominates the measurement, which is why this claim is a benchmark and not a unit test (the
@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from attention_atlas.bench import compare, format_table
+from attention_atlas.bench.timing import compare, format_table
 
 
 def main() -> None:

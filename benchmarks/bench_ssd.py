@@ -2,7 +2,7 @@
 
 Shapes: batch 1, 8 heads, head dim 64, state 64, float32, forward pass, where the quadratic
 form's L^2 cost dominates and the chunked form's linear cost shows. The parts are those of the
-experiment :mod:`attention_atlas.experiments.ssd_scaling` (its ``"long"`` preset; chapter 7 loads
+experiment :mod:`attention_atlas.experiments.sma.scaling` (its ``"long"`` preset; chapter 7 loads
 its ``"sweep"`` and ``"flops"`` from the results store), plus the training step:
 
 1. ``ratio``: chunked against quadratic at L = 1024, 4096 and 16384, interleaved; where the
@@ -21,7 +21,7 @@ its ``"sweep"`` and ``"flops"`` from the results store), plus the training step:
 6. ``train``: one training step (forward and backward of the loss) of the ``"ssm"`` model
    against the ``"dot"`` model at chapter 4's shape (width 64, 2 layers, 4 heads, batches of
    8 x 64 characters), side by side in wall and CPU time, with counted FLOPs
-   (:func:`attention_atlas.experiments.ssm_lm.step_cost`).
+   (:func:`attention_atlas.experiments.sma.lm.step_cost`).
 
 Run (about 10 to 20 minutes on 2 shared CPU cores)::
 
@@ -45,7 +45,8 @@ from typing import Any
 
 import torch
 
-from attention_atlas.experiments import ssd_scaling, ssm_lm
+from attention_atlas.experiments.sma import lm as ssm_lm
+from attention_atlas.experiments.sma import scaling as ssd_scaling
 
 PARTS = ["ratio", "linearity", "accuracy", "sweep", "flops", "train"]
 

@@ -7,7 +7,7 @@ and against dot-product SDPA.
 2. time: fast vs explicit (float32, forward and forward+backward) at batch 1, 8 heads, d = 16
    (the explicit form materialises a (B, H, L, L, d) difference tensor, so it runs at batch 1);
 3. time: Euclidean fast path vs dot-product SDPA at B = 4, H = 8, d = 16 (bench_attention).
-All timings are interleaved medians in one process (see attention_atlas.bench).
+All timings are interleaved medians in one process (see attention_atlas.bench.timing).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from attention_atlas.attention.euclidean import (
     euclidean_attention_explicit,
     squared_distance_attention,
 )
-from attention_atlas.bench import bench_attention, compare, format_table
+from attention_atlas.bench.timing import bench_attention, compare, format_table
 
 
 def accuracy(length: int, causal: bool) -> dict[str, float]:

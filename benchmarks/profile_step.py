@@ -1,7 +1,8 @@
 """Where one training step of a variant spends its time, by operator: a torch.profiler table
 (CPU and, on a GPU, CUDA time per operator), the step's operator and kernel-launch counts, and
 the calls that make the host wait for the GPU (``aten::item``, ``aten::_local_scalar_dense``,
-device-to-host copies). For the lent GPU machine's prepared run and for a CPU alike:
+device-to-host copies). For the prepared run on your GPU machine (benchmarks/gpu_run.sh) and
+for a CPU alike:
 
     python benchmarks/profile_step.py riemannian fiber_bundle --shape long --device cuda
 
@@ -17,8 +18,13 @@ import collections
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from attention_atlas.bench_train import SHAPES, TRAIN_VARIANTS, _build_run, _step_fn
 from attention_atlas.data import load_char_ptb
+from attention_atlas.experiments.performance.train_steps import (
+    SHAPES,
+    TRAIN_VARIANTS,
+    variant_run,
+)
+from attention_atlas.train import step_callable
 
 #: operators that wait for the GPU before the host can go on
 SYNCS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaMemcpyAsync",
@@ -37,7 +43,7 @@ def main() -> None:
     dev = torch.device(args.device)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     for v in args.variants:
-        step = _step_fn(_build_run(v, SHAPES[args.shape], corpus, 0, dev))
+        step = step_callable(variant_run(v, SHAPES[args.shape], corpus, 0, dev))
         for _ in range(3):
             step()
         if dev.type == "cuda":

@@ -5,7 +5,7 @@ the choice between the augmented and the low-rank path, and Woodbury against a d
 
 1. accuracy: max |fast - reference| in float64, causal and not (outputs and gradients);
 2. time: geodesic_attention (augmented, sdpa-augmented, lowrank) vs SDPA at B=2, H=8, L=1024,
-   d=16, r=4, forward and forward+backward (interleaved medians, attention_atlas.bench.compare);
+   d=16, r=4, forward and forward+backward (interleaved medians, attention_atlas.bench.timing.compare);
    the materialised reference at B=1 (it holds a (B, H, L, L, d) tensor);
 3. peak memory of one forward+backward against L = 1024 .. 8192 (B=1, H=2, d=16, r=4);
 4. augmented vs lowrank against the head width d (L=512, r=4, forward): where each wins;
@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from attention_atlas.attention import riemannian as R
-from attention_atlas.bench import compare, format_table
-from attention_atlas.experiments.riemannian_bench import (
+from attention_atlas.bench.timing import compare, format_table
+from attention_atlas.experiments.low_rank.bench import (
     attention_inputs,
     attention_paths,
     peak_memory_at,
 )
-from attention_atlas.experiments.riemannian_cost import woodbury_vs_dense
+from attention_atlas.experiments.low_rank.cost import woodbury_vs_dense
 
 
 def accuracy(L: int, causal: bool) -> dict[str, float]:

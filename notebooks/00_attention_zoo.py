@@ -44,7 +44,7 @@ tol_paths = 1e-9  # each variant: fast path vs its materialised weights, float64
 
 # %% tags=["smoke"]
 SMOKE = {"text": "attend here", "temperatures": [0.1, 1.0], "check_length": 32}
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 

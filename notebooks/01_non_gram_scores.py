@@ -46,7 +46,7 @@ seed = 0
 
 # %% tags=["smoke"]
 SMOKE = {"dims": [2, 3, 4], "ranks": [1, 2], "n_draws": 3, "focus_d": 3}
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 

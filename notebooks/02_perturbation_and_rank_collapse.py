@@ -65,7 +65,7 @@ SMOKE = {
     "spreads": [0.8],
     "seeds": [0, 1, 2],
 }
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -75,9 +75,9 @@ import plotly.graph_objects as go
 import torch
 
 from attention_atlas import claims, stats, viz
-from attention_atlas.experiments import perturbation as pt
-from attention_atlas.experiments import rank_collapse as rc
-from attention_atlas.experiments import stacks as st
+from attention_atlas.experiments.rank_collapse import perturbation as pt
+from attention_atlas.experiments.rank_collapse import run as rc
+from attention_atlas.experiments.rank_collapse import stacks as st
 
 # %%
 viz.markdown(stats.RULE_TEXT)
@@ -384,7 +384,7 @@ viz.markdown(
 # ## What the measurements support
 #
 # Every line below is computed from the outcomes above (the same function the claims register
-# calls, `attention_atlas.experiments.rank_collapse.outcomes`).
+# calls, `attention_atlas.experiments.rank_collapse.run.outcomes`).
 
 # %%
 viz.markdown(

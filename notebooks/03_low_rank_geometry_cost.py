@@ -34,7 +34,7 @@ lengths = [128, 256, 512]  # L of the cost-versus-length sweep (d 16, r 4)
 head_dims = [8, 16, 32, 64]  # d of the cost-versus-width sweep (L 256, r 4)
 metric_ranks = [1, 2, 4, 8, 16]  # r of the cost-versus-rank sweep (L 256, d 32)
 marginal_dims = [16, 32, 64, 128]  # d at which the cost of one more metric rank is measured
-reps = 5  # timing rounds (interleaved, medians; see attention_atlas.bench)
+reps = 5  # timing rounds (interleaved, medians; see attention_atlas.bench.timing)
 live_length = 512  # L of the live geodesic_attention vs SDPA measurement (B 1, H 4)
 woodbury_tokens = 8  # tokens in the Woodbury vs dense solve comparison (d 1024, r 8)
 memory_lengths = [256, 512, 1024]  # L of the live peak-memory measurement (B 1, H 2, d 16, r 4)
@@ -52,7 +52,7 @@ SMOKE = {
     "woodbury_tokens": 1,
     "memory_lengths": [128, 256],
 }
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -65,8 +65,8 @@ import plotly.graph_objects as go
 import torch
 
 from attention_atlas import claims, viz
-from attention_atlas.experiments import riemannian_bench as rb
-from attention_atlas.experiments import riemannian_cost as rc
+from attention_atlas.experiments.low_rank import bench as rb
+from attention_atlas.experiments.low_rank import cost as rc
 from attention_atlas.notebooks import repo_root
 
 torch.set_num_threads(threads)
@@ -171,7 +171,7 @@ viz.markdown(
 #
 # Score matrices only (no softmax), float32, `threads` torch threads; every time is an
 # interleaved median against the dot product `q @ k.T` on the same inputs
-# (`attention_atlas.bench.compare`, forward only). Batch 1, 4 heads.
+# (`attention_atlas.bench.timing.compare`, forward only). Batch 1, 4 heads.
 
 
 # %%
@@ -255,7 +255,7 @@ viz.markdown(
 # path that computes $U_i^\top k_j$ tile by tile ($O(dr)$ per pair, checkpointed).
 #
 # **Memory, measured now.** Peak tensor memory of one causal forward+backward
-# (`attention_atlas.bench.peak_memory`; B = 1, H = 2, d = 16, r = 4) at `memory_lengths`, for
+# (`attention_atlas.bench.timing.peak_memory`; B = 1, H = 2, d = 16, r = 4) at `memory_lengths`, for
 # SDPA, the two fast paths and the materialised reference. The reference stores $(L, L)$ and
 # $(L, L, r)$ tensors, so its slope must be near 2: it shows that the measurement sees
 # quadratic growth when there is some.
@@ -358,7 +358,7 @@ viz.markdown(
 # ## Verdict
 #
 # Computed from the checks and measurements above (the claims register calls the same
-# `attention_atlas.experiments.riemannian_cost.outcomes`).
+# `attention_atlas.experiments.low_rank.cost.outcomes`).
 
 # %%
 lines = [

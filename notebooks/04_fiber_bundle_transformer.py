@@ -50,7 +50,7 @@
 # divided by $\kappa_\max$; near $\kappa_\max$ the cap is ten times stronger than the diversity
 # push (only there: far above it the quartic diversity term wins, see the section on eq. (34)).
 #
-# **Runs.** One grid of configurations (`attention_atlas.experiments.fiber_bundle.chapter_grid`),
+# **Runs.** One grid of configurations (`attention_atlas.experiments.fiber_bundle.run.chapter_grid`),
 # each trained from scratch at every seed under identical conditions (width, depth, heads, steps,
 # batch, learning-rate schedule, data order per seed) and shared across predictions where that is
 # honest: the default model is also the "three regularisers" arm of P3, the $\alpha = 1$ arm of
@@ -96,7 +96,7 @@ SMOKE = {
     "time_reps": 3,
     "use_stored": False,
 }
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -105,14 +105,12 @@ import time
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from IPython.display import display
-from plotly.subplots import make_subplots
 
 from attention_atlas import stats, viz
-from attention_atlas.experiments import fiber_bundle as fb
-from attention_atlas.experiments import fiber_bundle_verdicts as V
-from attention_atlas.experiments.fiber_bundle_analysis import TYPE_NAMES
+from attention_atlas.experiments.fiber_bundle import figures as figs
+from attention_atlas.experiments.fiber_bundle import run as fb
+from attention_atlas.experiments.fiber_bundle import verdicts as V
 from attention_atlas.models import PHASES
 from attention_atlas.stats import mean_interval, seed_range
 
@@ -206,13 +204,7 @@ if DIVERGED:
         "these runs at their last log step, against what the regularisers do to a growing metric."
     )  # fmt: skip
 TIME_COL, TIME_NAME = runs.time  # CPU time where every cell recorded it, else wall time
-fig = make_subplots(rows=1, cols=2, subplot_titles=("validation bits per character", TIME_NAME))
-for col, metric in enumerate(("val_bpc", TIME_COL), start=1):
-    viz.mean_interval({name: runs.per_seed(name, metric) for name in FINISHED}, fig=fig, row=1,
-                      col=col, mode="bar")  # fmt: skip
-fig.update_layout(title=f"All configurations, mean and 95% interval over {len(SEEDS)} seeds",
-                  height=440, margin={"t": 110})  # fmt: skip
-viz.show(fig)
+viz.show(figs.bpc_and_time(runs))
 left_out(runs.grid)
 provenance()
 dot_times = runs.per_seed("dot", TIME_COL)
@@ -250,45 +242,11 @@ viz.markdown(
 
 # %%
 CONFIGS = list(runs.grid)
-
-
-def window_panels(fig, ex):
-    """Into ``fig``: kappa_t over a run's stored text and its first and last block's attention."""
-    pos, chars = list(range(len(ex["text"]))), [c if c != " " else "_" for c in ex["text"]]
-    for l in range(1, LAST + 1):
-        if f"kappa_{l}" in ex:
-            fig.add_trace(
-                go.Scatter(x=pos, y=ex[f"kappa_{l}"], name=f"κ_t block {l}"), row=1, col=2
-            )
-    for col, l in ((1, 1), (2, LAST)):
-        z = np.asarray(ex[f"attention_{l}"], dtype=np.float32)  # stored to 3 decimals
-        fig.add_trace(go.Heatmap(z=z, x=pos, y=pos, colorscale="Viridis", zmin=0, zmax=1,
-                                 showscale=col == 2), row=2, col=col)  # fmt: skip
-        fig.update_yaxes(autorange="reversed", row=2, col=col)
-    for row, col in ((1, 2), (2, 1), (2, 2)):  # characters as tick labels (positions as values)
-        fig.update_xaxes(tickvals=pos, ticktext=chars, tickangle=0, row=row, col=col)
-    fig.update_yaxes(tickvals=pos, ticktext=chars, row=2)
-
-
-def run_view(config, seed):
-    """Training curve, kappa_t over the text and the attention maps of one stored run."""
-    rec, hist = runs.cells[(config, seed)], runs.history(config, seed)
-    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.16, subplot_titles=(
-        "validation bpc during training", "κ_t over the text (mean over heads)",
-        "attention, block 1", f"attention, block {LAST}"))  # fmt: skip
-    if len(hist):  # a run that diverged before its first log step has none
-        fig.add_trace(go.Scatter(x=hist["step"], y=hist["val_bpc"], name="val bpc"), row=1, col=1)
-    if "explore" not in rec:  # a diverged run: nothing was measured on its weights
-        fig.update_layout(title=f"{config}, seed {seed}: diverged at step {rec['diverged_step']}, "
-                          "nothing measured", height=720)  # fmt: skip
-        return fig
-    window_panels(fig, rec["explore"])
-    fig.update_layout(title=f"{config}, seed {seed}: final bpc {rec['val_bpc']:.3f}", height=720)
-    return fig
-
-
-viz.explore(run_view, {"config": viz.dropdown(CONFIGS, "fbt"), "seed": viz.dropdown(SEEDS)},
-            main=True)  # fmt: skip
+viz.explore(
+    lambda config, seed: figs.run_view(runs, config, seed),
+    {"config": viz.dropdown(CONFIGS, "fbt"), "seed": viz.dropdown(SEEDS)},
+    main=True,
+)
 provenance()
 
 # %% [markdown]
@@ -310,25 +268,7 @@ provenance()
 p1_v, p1 = V.p1_verdict(runs)
 arms = {**{f"κ_max = {c:g} τ/L": n for c, n in V.p1_levels(runs).items()},
         "no regulariser": "fbt_reg-none", "noise control": "fbt_noise"}  # fmt: skip
-fig = make_subplots(rows=1, cols=2, subplot_titles=("attention σ₂ (mean over blocks)",
-                                                    f"effective rank, block {LAST}"))  # fmt: skip
-for k, (label, name) in enumerate(arms.items()):
-    if name not in FINISHED:
-        continue
-    x = runs.mean_over_layers(name, "entry_scale_{l}")
-    for col, y in enumerate((runs.mean_over_layers(name, "sigma2_{l}"),
-                             runs.per_seed(name, f"erank_{LAST}")), start=1):  # fmt: skip
-        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=label, showlegend=col == 1,
-                                 marker={"color": viz.COLORS[k % len(viz.COLORS)], "size": 9}),
-                      row=1, col=col)  # fmt: skip
-for col, y in ((1, runs.mean_over_layers("dot", "sigma2_{l}").mean()),
-               (2, runs.per_seed("dot", f"erank_{LAST}").mean())):  # fmt: skip
-    fig.add_hline(y=y, line_dash="dash", annotation_text="dot product (mean)", row=1, col=col)
-    fig.add_vline(x=1.0, line_dash="dot", line_color="grey", row=1, col=col)
-fig.update_xaxes(type="log", title_text="Ū² M / τ (Proposition 3.5's scale of one score change)")
-fig.update_layout(title="P1: the trained models on the critical axis, one point per seed",
-                  height=460, margin={"t": 110})  # fmt: skip
-viz.show(fig)
+viz.show(figs.p1_critical_axis(runs, arms))
 left_out(arms.values())
 provenance()
 side = lambda s: "super-critical (above 1)" if s > 1 else "sub-critical (below 1)"  # noqa: E731
@@ -365,16 +305,7 @@ viz.markdown(
 
 # %%
 p2_names = V.p2_names(runs)
-fig = go.Figure()
-for k, (a_tr, n) in enumerate(p2_names.items()):
-    if n not in FINISHED:
-        continue
-    bpc_at = {f"{a:g}": runs.per_seed(n, f"bpc_at_alpha_{a:g}") for a in p2_names}
-    viz.mean_interval(bpc_at, x=list(p2_names), fig=fig, name=f"trained at alpha={a_tr:g}",
-                      color=viz.COLORS[k % len(viz.COLORS)])  # fmt: skip
-fig.update_layout(title="P2: validation bpc at each evaluation alpha", height=420,
-                  xaxis_title="evaluation alpha", yaxis_title="bits per character")  # fmt: skip
-viz.show(fig)
+viz.show(figs.p2_alpha_transfer(runs, p2_names))
 left_out(p2_names.values())
 provenance()
 p2_done = runs.finished(p2_names.values())
@@ -420,22 +351,7 @@ viz.markdown(
 # %%
 p3_arms = {"no geometric regulariser": "fbt_reg-none", "noise control": "fbt_noise",
            "ℓ2 matched to the task": "fbt_reg-l2", "three regularisers": "fbt"}  # fmt: skip
-fig = make_subplots(
-    rows=1, cols=2, subplot_titles=("mean kappa_t = |U_t|_F^2", "cross-token variance of kappa_t")
-)
-for k, (label, n) in enumerate(p3_arms.items()):
-    if n not in FINISHED:
-        continue
-    for col, key in enumerate(("kappa_mean", "kappa_var"), start=1):
-        x, values = runs.trajectory(n, key)  # kappa_mean starts at its value at initialisation
-        viz.mean_interval({str(i): values[:, i] for i in range(values.shape[1])}, x=x, fig=fig,
-                          row=1, col=col, name=label, mode="lines+markers", color=viz.COLORS[k],
-                          showlegend=col == 1)  # fmt: skip
-fig.update_yaxes(type="log")
-fig.update_xaxes(title_text="step")
-fig.update_layout(title="P3: metric strength during training (mean and 95% interval over seeds)",
-                  height=440, margin={"t": 110})  # fmt: skip
-viz.show(fig)
+viz.show(figs.p3_metric_strength(runs, p3_arms))
 left_out(p3_arms.values())
 provenance()
 p3 = V.p3_verdicts(runs)
@@ -469,20 +385,7 @@ viz.markdown(
 
 # %%
 cap = V.cap_check(**V.cap_setting(runs))
-fig = go.Figure()
-for k, (term, values) in enumerate(cap["terms"].items()):
-    fig.add_trace(go.Scatter(x=cap["ratio"], y=values, name=f"{term} (weighted)",
-                             line={"color": viz.COLORS[k % len(viz.COLORS)]}))  # fmt: skip
-fig.add_trace(
-    go.Scatter(x=cap["ratio"], y=cap["total"], name="sum", line={"color": "black", "width": 3})
-)
-fig.add_vline(x=cap["peak"], line_dash="dot", annotation_text="peak of the sum")
-fig.update_xaxes(type="log", title_text="mean κ_t / κ_max (U scaled by λ)")
-fig.update_yaxes(title_text="regulariser value (weighted)")
-fig.update_layout(
-    title="The regularisers of eqs. (31) to (34) along a scaled metric (float64)", height=440
-)
-viz.show(fig)
+viz.show(figs.cap_regularisers(cap))
 st = cap["setting"]
 viz.markdown(
     f"With this grid's weights (diversity {st['weights']['div']:.3g}, smoothness "
@@ -533,19 +436,7 @@ provenance()
 # a character is, used for both). Both must rise.
 
 # %%
-fig = make_subplots(rows=1, cols=LAST, subplot_titles=[f"block {l}" for l in range(1, LAST + 1)])
-for l in range(1, LAST + 1) if "fbt" in FINISHED else ():
-    for code, name in enumerate(TYPE_NAMES):
-        q = np.array([runs.cells[("fbt", s)]["kappa_quantiles"][f"kappa_{l}"].get(name, [np.nan] * 5)
-                      for s in SEEDS]).mean(0)  # fmt: skip
-        if np.isfinite(q).all():
-            fig.add_trace(go.Box(name=name, q1=[q[1]], median=[q[2]], q3=[q[3]], lowerfence=[q[0]],
-                                 upperfence=[q[4]], showlegend=False,
-                                 marker_color=viz.COLORS[code % len(viz.COLORS)]), row=1, col=l)  # fmt: skip
-fig.update_yaxes(title_text="κ_t (mean over heads)", col=1)
-fig.update_layout(title="P4: κ_t by token type after training (default model; quantiles 5-25-50-75-95%, "
-                  "averaged over seeds)", height=460, margin={"t": 110})  # fmt: skip
-viz.show(fig)
+viz.show(figs.p4_kappa_by_type(runs))
 left_out(["fbt"])
 provenance()
 p4_models = {n: label for n, label in {"fbt": "default", "fbt_reg-none": "no regulariser"}.items()
@@ -578,19 +469,8 @@ viz.markdown(f"**P4.** {p4_text} Outcome: {outcome_line('riemannian/P4')}.")
 # hidden states $(L \times D)$ per validation window, averaged.
 
 # %%
-fig = go.Figure()
 p5_arms = [*V.dot_arms(runs), "fbt", "fbt_reg-none", "fbt_noise"]
-for k, name in enumerate(p5_arms):
-    if name not in FINISHED:
-        continue
-    fig.add_trace(go.Scatter(x=runs.mean_over_layers(name, "entropy_{l}"),
-                             y=runs.per_seed(name, f"erank_{LAST}"), mode="markers", name=name,
-                             marker={"size": 9, "color": viz.COLORS[k % len(viz.COLORS)],
-                                     "symbol": "circle" if name.startswith("dot") else "diamond"}))  # fmt: skip
-fig.update_layout(title=f"P5: effective rank of block {LAST} against attention entropy, one point per seed",
-                  xaxis_title="mean row entropy of the attention (nats, mean over blocks)",
-                  yaxis_title="effective rank", height=460)  # fmt: skip
-viz.show(fig)
+viz.show(figs.p5_rank_against_entropy(runs, p5_arms))
 left_out(p5_arms)
 provenance()
 p5 = {n: V.p5_verdict(runs, n) for n in ("fbt", "fbt_reg-none")}
@@ -621,18 +501,7 @@ viz.markdown(
 
 # %%
 p6_names = V.p6_names(runs)
-p6_shown = {r: n for r, n in p6_names.items() if n in FINISHED}
-fig = make_subplots(rows=1, cols=3, subplot_titles=(f"effective rank, block {LAST}",
-                                                    "validation bpc", TIME_NAME))  # fmt: skip
-for col, column in enumerate((f"erank_{LAST}", "val_bpc", TIME_COL), start=1):
-    viz.mean_interval({n: runs.per_seed(n, column) for n in p6_shown.values()}, x=list(p6_shown),
-                      fig=fig, row=1, col=col, name="Fiber Bundle", color=viz.COLORS[0],
-                      showlegend=col == 1)  # fmt: skip
-    fig.add_hline(y=float(runs.per_seed("dot", column).mean()), line_dash="dash", row=1, col=col,
-                  annotation_text="dot product")  # fmt: skip
-fig.update_xaxes(type="log", title_text="metric rank r")
-fig.update_layout(title="P6: metric rank ablation", height=440, margin={"t": 110})
-viz.show(fig)
+viz.show(figs.p6_rank_ablation(runs, p6_names))
 left_out(p6_names.values())
 provenance()
 r_lo, r_hi = min(p6_names), max(p6_names)
@@ -671,18 +540,10 @@ viz.markdown(
 )
 
 
-def eq25_view(rank):
-    """The identity's two sides and the bound for a random Delta of factor rank ``rank``."""
-    c = V.eq25_counterexample(8, rank, seed=rank)
-    labels = ["‖ΔᵀΔ‖_F (= ‖PᵀP − I‖_F)", "‖Δ‖_F² (eq. (25))", "‖Δ‖_F² / √2 (the bound)"]
-    fig = go.Figure(
-        go.Bar(x=labels, y=[c["lhs"], c["rhs"], c["bound"]], marker_color=viz.COLORS[:3])
-    )
-    fig.update_layout(title=f"Δ = A Bᵀ − B Aᵀ, A, B of rank {rank} in R^8 (float64)", height=380)
-    return fig
-
-
-viz.explore(eq25_view, {"rank": viz.slider([1, 2, 3, 4], 2, label="factor rank r")})
+viz.explore(
+    lambda rank: figs.eq25_bars(V.eq25_counterexample(8, rank, seed=rank), rank),
+    {"rank": viz.slider([1, 2, 3, 4], 2, label="factor rank r")},
+)
 if "fbt" in FINISHED:
     iso = {kind: runs.last_logged("fbt", f"iso_{kind}") for kind in ("linear", "cayley")}
     dfro = runs.last_logged("fbt", "delta_fro")
@@ -707,17 +568,14 @@ provenance()
 # Wall times of separate runs on a shared machine mix the model's cost with the machine's load.
 # Here one forward and one forward+backward of each model on the same batch are timed in one
 # process, interleaved, on one thread (`fiber_bundle.step_timing`, through
-# `attention_atlas.bench.compare`): the default model, the metric ranks of P6, and the default
+# `attention_atlas.bench.timing.compare`): the default model, the metric ranks of P6, and the default
 # with each phase switched off alone. The cost claim (the abstract: "feasible at scale with
 # negligible overhead") is decided on the default model's per-round ratio.
 
 # %%
 cost = fb.step_cost_table(timing)
 display(cost.round(2))
-fig = go.Figure(go.Bar(x=list(cost.index), y=cost["forward+backward ratio"]))
-fig.update_layout(title=f"Forward+backward time relative to the dot-product model ({timing['meta']['shape']})",
-                  yaxis_title="ratio to dot product", height=400)  # fmt: skip
-viz.show(fig)
+viz.show(figs.step_cost(cost, timing["meta"]["shape"]))
 PHASE_LABEL = {"a": "A", "a_plus": "A++", "b": "B", "c": "C", "d": "D", "e": "E"}
 saved = {ph: 1 - cost.loc[f"fbt_no-{ph}", "forward+backward ratio"] / cost.loc["fbt", "forward+backward ratio"]
          for ph in PHASES}  # fmt: skip

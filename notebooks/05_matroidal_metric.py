@@ -86,7 +86,7 @@ SMOKE = {
     "prune_fractions": [0.5],
     "steps_multiples": [2.0],
 }
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -103,10 +103,9 @@ from attention_atlas import viz
 from attention_atlas.attention.graphs import CONTRAST_FAMILIES, GRAPH_FAMILIES, covector_matrix
 from attention_atlas.attention.matroidal import matroidal_coefficients
 from attention_atlas.claims import CLAIMS
-from attention_atlas.experiments import matroidal as experiment
-from attention_atlas.experiments import matroidal_analysis as analysis
-from attention_atlas.experiments import matroidal_checks as checks
-from attention_atlas.experiments import matroidal_verdicts as verdicts_of
+from attention_atlas.experiments.matroidal import analysis, checks
+from attention_atlas.experiments.matroidal import run as experiment
+from attention_atlas.experiments.matroidal import verdicts as verdicts_of
 
 torch.set_num_threads(threads)
 ROOT = Path(attention_atlas.__file__).resolve().parents[2]
@@ -232,7 +231,7 @@ bench_here
 
 # %% [markdown]
 # **Memory.** Peak memory of one forward+backward (live tensor bytes,
-# `attention_atlas.bench.peak_memory`) at each $L$ of `memory_lengths`, measured now, against
+# `attention_atlas.bench.timing.peak_memory`) at each $L$ of `memory_lengths`, measured now, against
 # the $(L, L, m)$ tensor the pseudocode would hold ($m = 4d$). The fast path must grow linearly
 # in $L$ (log-log slope near 1), as SDPA does; stored measurements at larger $L$ follow when
 # `artifacts/bench_matroidal.json` exists.
@@ -256,7 +255,7 @@ memory
 # **Cost of a training step.** What limits the experiments below is the whole step (forward,
 # backward and AdamW update of the 2-layer model), not the attention kernel. Each arm's step
 # against a dot-product step of the same model, side by side in one process
-# (`attention_atlas.bench.compare`, `step_repeats` interleaved rounds) at the char-PTB runs'
+# (`attention_atlas.bench.timing.compare`, `step_repeats` interleaved rounds) at the char-PTB runs'
 # shape, with the ratio of counted FLOPs (forward and backward), the arithmetic floor of the
 # time ratio.
 
@@ -379,7 +378,7 @@ viz.explore(
 #
 # Each comparison is a paired difference over seeds of the task metric, signed as a gain
 # (positive: the arm is better than its control), judged by the library's verdict rule against
-# a smallest effect of interest declared in `attention_atlas.experiments.matroidal.SESOI`, and
+# a smallest effect of interest declared in `attention_atlas.experiments.matroidal.run.SESOI`, and
 # stated with its scale: the dot-product arm at the same budget must have left the bigram
 # regime (at most 3 bpc on char-PTB) or be at least halfway from chance to perfect accuracy on
 # digits, or the outcome is *not tested*. The grid comes from the results store: the `long`

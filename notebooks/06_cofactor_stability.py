@@ -114,7 +114,7 @@ SMOKE = {
     "use_stored": False,
     "results_dir": "",
 }
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -122,13 +122,10 @@ apply_smoke(SMOKE, globals())
 import math
 from pathlib import Path
 
-import numpy as np
-import plotly.graph_objects as go
 import torch
 from IPython.display import display
-from plotly.subplots import make_subplots
 
-from attention_atlas import claims, results, stats, viz
+from attention_atlas import claims, experiments, stats, viz
 from attention_atlas.cofactor import (
     cofactor_penalty,
     principal_cofactors,
@@ -139,23 +136,24 @@ from attention_atlas.cofactor import (
 )
 from attention_atlas.cofactor.diagnostics import GAP_TOL
 from attention_atlas.cofactor.references import TARGETS
-from attention_atlas.experiments import cofactor as experiment
-from attention_atlas.experiments import cofactor_analysis as analysis
-from attention_atlas.experiments.cofactor_checks import (
+from attention_atlas.experiments.cofactor import analysis
+from attention_atlas.experiments.cofactor import figures as figs
+from attention_atlas.experiments.cofactor import run as experiment
+from attention_atlas.experiments.cofactor.checks import (
     causal_check,
     identity_outcomes,
     mixing_check,
     power_check,
     reducible_check,
 )
-from attention_atlas.experiments.cofactor_numerics import (
+from attention_atlas.experiments.cofactor.numerics import (
     coupling_table,
     lu_vs_minors,
     method_sweep,
     perturbation_data,
     speedup_table,
 )
-from attention_atlas.experiments.cofactor_timing import lm_step_seconds, step_overhead
+from attention_atlas.experiments.cofactor.timing import lm_step_seconds, step_overhead
 from attention_atlas.notebooks import repo_root
 
 # Two CPU cores shared with other jobs: one intra-op thread per process is both faster and far
@@ -249,14 +247,7 @@ viz.markdown(
 nb = n_identity
 u64 = torch.finfo(F64).eps
 coupling_df = coupling_table(nb, couplings, n_matrices)
-series = ["margin", "spectral gap", "n min pi", "lu error (float64)", "minors error (float64)",
-          "lu error (float32)"]  # fmt: skip
-fig = viz.loglog(
-    coupling_df["coupling"], {k: coupling_df[k].clip(lower=1e-18) for k in series},
-    title=f"Two blocks of {nb // 2} tokens coupled by epsilon (errors against 50-digit cofactors)",
-    xlabel="coupling epsilon", ylabel="value", slopes_in_legend=False,
-)  # fmt: skip
-viz.show(fig)
+viz.show(figs.coupling(coupling_df, nb))
 coupling_df
 
 # %%
@@ -340,31 +331,10 @@ viz.markdown(
 eps_grid = [1.0, 0.3, 0.1, 0.03, 0.01, 1e-3, 1e-4, 1e-6]
 
 
-def perturbation(eps: float, target: str) -> go.Figure:
+def perturbation(eps: float, target: str):
     """Cofactors, eigenvalues, and margin and gap against eps, of A(eps) toward ``target``."""
     d = perturbation_data(target, eps, explore_n, eps_grid)  # recomputed by the library
-    title = f"m = {d['margin']:.3g}, gap = {max(d['gap'], 0.0):.3g}"
-    fig = make_subplots(
-        1, 3, subplot_titles=("normalised cofactors pi_i", "eigenvalues of A", title)
-    )
-    fig.add_bar(x=list(range(explore_n)), y=d["pi"], name="pi_i", row=1, col=1)
-    t = np.linspace(0, 2 * np.pi, 100)
-    fig.add_scatter(x=np.cos(t), y=np.sin(t), mode="lines", name="unit circle", row=1, col=2)
-    fig.add_scatter(
-        x=d["eig_real"], y=d["eig_imag"], mode="markers", name="lambda(A)", row=1, col=2
-    )
-    fig.add_scatter(x=eps_grid, y=d["margins"], name="margin m", row=1, col=3)
-    fig.add_scatter(
-        x=eps_grid, y=np.clip(d["gaps"], 1e-16, None), name="spectral gap", row=1, col=3
-    )
-    fig.add_scatter(x=[eps, eps], y=np.clip([d["margin"], d["gap"]], 1e-16, None), mode="markers",
-                    marker={"size": 12, "symbol": "x"}, name=f"eps = {eps:g}", row=1, col=3)  # fmt: skip
-    fig.update_xaxes(type="log", row=1, col=3)
-    fig.update_yaxes(type="log", row=1, col=3)
-    fig.update_yaxes(range=[0, 1], row=1, col=1)
-    fig.update_xaxes(range=[-1.15, 1.15], row=1, col=2)
-    fig.update_yaxes(range=[-1.15, 1.15], row=1, col=2)
-    return fig.update_layout(title=f"toward {target}, eps = {eps:g} (n = {explore_n})", height=380)
+    return figs.perturbation(d, eps, target, eps_grid)
 
 
 exploration = viz.explore(
@@ -378,7 +348,7 @@ exploration = viz.explore(
 # ## 3. Three methods: error and time against $n$
 #
 # Error is measured against the float64 minors on softmax matrices with Gaussian logits. Time is
-# measured by `attention_atlas.bench.compare` (rounds in which every method runs once, in rotated
+# measured by `attention_atlas.bench.timing.compare` (rounds in which every method runs once, in rotated
 # order; each sample repeats a call until it lasts 20 ms; median over rounds) on batches of
 # `time_batch` matrices. `"power"` runs to a tolerance of $10^{-10}$ in $\ell_1$; its a-posteriori bound
 # $\frac{\delta}{1-\delta}\|\pi_k-\pi_{k-1}\|_1$ with $\delta = 1-\sum_j\min_i A_{ij}$ (an upper
@@ -390,29 +360,8 @@ methods_df = method_sweep(sizes, time_batch, repeats)
 assert (methods_df["power err - bound (max)"] <= 1e-14).all(), methods_df  # the stated bound holds
 assert (methods_df["lu rel. err"] < 1e-10).all(), methods_df
 methods_df = methods_df.drop(columns="power err - bound (max)")
-viz.show(
-    viz.loglog(
-        methods_df["n"],
-        {k: methods_df[f"time {k} (ms)"] for k in ["minors", "lu", "power"]},
-        title=f"Time for {time_batch} matrices (float64, median of {repeats})",
-        xlabel="n",
-        ylabel="ms",
-    )
-)
-viz.show(
-    viz.loglog(
-        methods_df["n"],
-        {
-            "lu vs minors": methods_df["lu rel. err"].clip(lower=1e-17),
-            "power vs minors": methods_df["power rel. err"].clip(lower=1e-17),
-            "power: stated bound on ||pi - pi_ref||_1": methods_df["power bound"].clip(lower=1e-17),
-        },
-        title="Error against the float64 minors",
-        xlabel="n",
-        ylabel="relative error",
-        slopes_in_legend=False,
-    )
-)
+viz.show(figs.method_times(methods_df, time_batch, repeats))
+viz.show(figs.method_errors(methods_df))
 methods_df
 
 # %%
@@ -443,7 +392,7 @@ viz.markdown(
 # `"minors"` at $n = 64$ and at least 100 times at $n = 128$ (batch 16, float64, forward), ask for
 # most of that ratio: what is left is the price of many small determinants against one larger
 # factorisation. Forward + backward (gradient with respect to $A$) is reported too. Ratios are
-# measured side by side in one process by `attention_atlas.bench.compare` (median of per-round
+# measured side by side in one process by `attention_atlas.bench.timing.compare` (median of per-round
 # ratios; peak memory of one forward + backward from the profiler).
 # `python benchmarks/bench_cofactor.py` runs the same measurement from the command line and
 # writes JSON.
@@ -537,7 +486,7 @@ if results_dir:
         if Path(results_dir).is_absolute()
         else repo_root(Path.cwd()) / results_dir
     )
-grid = results.stored_or_run("cofactor", params=grid_kwargs, seeds=seeds, use_stored=use_stored,
+grid = experiments.stored_or_run("cofactor", params=grid_kwargs, seeds=seeds, use_stored=use_stored,
                              out_dir=out_dir, log=None)  # fmt: skip
 configs = experiment.grid_configs(grid)
 runs = analysis.derived_metrics(grid.frame)
@@ -610,13 +559,7 @@ viz.markdown(f"*{grid.provenance.text}.*")
 summary
 
 # %%
-fig = go.Figure()
-for name, params in configs.items():
-    g = analysis.grad_norm_matrix([grid.records[(name, s)] for s in run_seeds])  # (seeds, steps)
-    viz.line_band(np.arange(1, g.shape[1] + 1), {f"{params['task']} {params['arm']}": g}, fig=fig)
-fig.update_layout(title="Gradient norm before clipping (mean and 95% interval over seeds)",
-                  xaxis_title="step", yaxis_title="||grad||", yaxis_type="log")  # fmt: skip
-viz.show(fig)
+viz.show(figs.grad_norms(grid.records, configs, run_seeds))
 viz.markdown(f"*{grid.provenance.text}.*")
 
 # %% [markdown]
@@ -626,18 +569,7 @@ viz.markdown(f"*{grid.provenance.text}.*")
 # arm.
 
 # %%
-fig = make_subplots(1, 2, subplot_titles=("log-margin, regularised heads",
-                                          f"fraction nearly disconnected (gap < {GAP_TOL:g})"))  # fmt: skip
-for col, column in enumerate(["cofactor/cofactor_log_margin", "cofactor/frac_disconnected"], 1):
-    for name, params in configs.items():
-        steps, values = analysis.history_matrix(
-            [grid.records[(name, s)] for s in run_seeds], column
-        )
-        band = viz.line_band(steps, {f"{params['task']} {params['arm']}": values})
-        for trace in band.data:
-            fig.add_trace(trace.update(showlegend=col == 1, legendgroup=name), row=1, col=col)
-fig.update_xaxes(title_text="step")
-viz.show(fig.update_layout(title="The regularised heads during training (mean and 95% interval)"))
+viz.show(figs.regularised_heads(grid.records, configs, run_seeds, GAP_TOL))
 viz.markdown(f"*{grid.provenance.text}.*")
 
 # %%
@@ -673,7 +605,7 @@ viz.markdown(
 # The seed's criteria: *fewer nearly disconnected heads, lower gradient spikes, and equal or
 # better validation accuracy*. Each is the regularised arm minus the baseline arm, paired by
 # seed, judged by the book's one rule (printed below) against a smallest effect of interest
-# (SESOI) declared in `attention_atlas.experiments.cofactor_analysis.SESOI` before the runs;
+# (SESOI) declared in `attention_atlas.experiments.cofactor.analysis.SESOI` before the runs;
 # *not tested* also when the baseline has nothing to remove. "Equal or better" is tested as the
 # verdict on harm (a drop of accuracy, or a rise of bits per character, of at least the SESOI),
 # read the other way round.

@@ -94,7 +94,7 @@ SMOKE = {
     "cost_reps": 2,
     "use_stored": False,
 }
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -106,11 +106,14 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from attention_atlas import results, viz
+from attention_atlas import experiments, viz
 from attention_atlas.attention.sma import SSD_METHODS, decay_mask, segsum, ssd, ssd_matrix
 from attention_atlas.claims import Outcome, claim
-from attention_atlas.experiments import sma_checks, ssd_accuracy, ssd_scaling, ssm_lm
-from attention_atlas.experiments.ssd_accuracy import rel_err
+from attention_atlas.experiments.sma import accuracy as ssd_accuracy
+from attention_atlas.experiments.sma import checks as sma_checks
+from attention_atlas.experiments.sma import lm as ssm_lm
+from attention_atlas.experiments.sma import scaling as ssd_scaling
+from attention_atlas.experiments.sma.accuracy import rel_err
 from attention_atlas.stats import mean_interval
 
 # Two CPU cores shared with other jobs: one intra-op thread is faster and far steadier here.
@@ -145,7 +148,7 @@ def print_errors(check: sma_checks.Check, label: str) -> None:
 # since $(B\circ u v^\top)_{ts} = u_t B_{ts} v_s$. Applying $M$ costs $p$ products with $B$ plus
 # $2p$ diagonal scalings, so any fast product with $B$ stays fast. (Check 1 of the seed, in
 # float64, with the matrix-product FLOPs counted.) Each claim of the seed is checked by a
-# function of `attention_atlas.experiments.sma_checks`; the claims register
+# function of `attention_atlas.experiments.sma.checks`; the claims register
 # (`attention_atlas.claims`, chapter 10) calls the same functions in the same order.
 
 # %%
@@ -365,12 +368,12 @@ viz.explore(chunks_and_methods, controls, main=True)
 # `recurrent` are the three `ssd` methods on the same inputs; `sdpa` is causal dot-product
 # attention (`torch.nn.functional.scaled_dot_product_attention`, a fused flash kernel) on
 # $q, k, v$ of the same sizes: the attention a Transformer would use instead. Timings are
-# interleaved at each $L$ (`attention_atlas.bench.compare`, median over rounds); memory is the
-# high-water mark of live tensors in one call (`attention_atlas.bench.peak_memory`). Where the
+# interleaved at each $L$ (`attention_atlas.bench.timing.compare`, median over rounds); memory is the
+# high-water mark of live tensors in one call (`attention_atlas.bench.timing.peak_memory`). Where the
 # quadratic form's $(\text{heads}, L, L)$ tensors exceed the memory cap it can only run one head
 # at a time: one head is timed and multiplied by the number of heads, and its memory is the
 # predicted all-heads peak (the table's note says so). The experiment is
-# `attention_atlas.experiments.ssd_scaling`. The full sweep takes minutes, so the book loads its
+# `attention_atlas.experiments.sma.scaling`. The full sweep takes minutes, so the book loads its
 # stored records (the line below says how and when they were made) and runs a small sweep live
 # beside them. Timings are reported, not asserted: on a shared machine a timing is not evidence
 # of a cost claim (section 5 counted the work instead).
@@ -382,7 +385,7 @@ scaling_params = {
     "chunk_size": chunk_size, "reps": bench_reps, "max_seconds": bench_max_seconds,
     "memory_gb": bench_memory_gb,
 }  # fmt: skip
-scaling_grid = results.stored_or_run(
+scaling_grid = experiments.stored_or_run(
     "ssd-scaling", params=scaling_params, seeds=[0], use_stored=use_stored, log=None
 )
 sweep_rows = scaling_grid.records[("sweep", 0)]["rows"]
@@ -501,7 +504,7 @@ else:
 #
 # We train the same small Transformer with dot-product attention (the control) and with the SSM
 # on character-level PTB, with the same seeds, data order and optimiser
-# (`attention_atlas.experiments.ssm_lm`), and ask two questions. Does the SSM layer train, that
+# (`attention_atlas.experiments.sma.lm`), and ask two questions. Does the SSM layer train, that
 # is, learn more than character frequencies? Its final validation bits per character must lie,
 # interval over seeds included, at least `ssm_lm.TRAINS_MARGIN` bits below the unigram entropy
 # of the training text; an untrained model (the same one before its first step) is checked the
@@ -520,7 +523,9 @@ lm_params = {
     "layers": train_layers, "heads": train_heads, "lr": train_lr, "eval_batches": eval_batches,
     "chunk_size": chunk_size,
 }  # fmt: skip
-lm = results.stored_or_run("ssm-lm", params=lm_params, seeds=seeds, use_stored=use_stored, log=None)
+lm = experiments.stored_or_run(
+    "ssm-lm", params=lm_params, seeds=seeds, use_stored=use_stored, log=None
+)
 print(lm.provenance.text)
 lm_seeds = sorted({s for _, s in lm.records})  # a stored long grid brings its own seeds ...
 run_params = lm.records[("dot", lm_seeds[0])]["params"]  # ... and its own run settings
@@ -577,7 +582,7 @@ viz.markdown(
 # What a training step costs. The runs' own throughput was measured at different times on a
 # shared machine, so it is not compared; instead one training step of each model (forward and
 # backward of the loss) is timed side by side in this process (`ssm_lm.step_cost`, through
-# `attention_atlas.bench.compare`), at chapter 4's shape (width 64, 2 layers, 4 heads, batches
+# `attention_atlas.bench.timing.compare`), at chapter 4's shape (width 64, 2 layers, 4 heads, batches
 # of 8 x 64 characters), beside the counted matrix-product FLOPs of each.
 
 # %%

@@ -22,7 +22,7 @@
 # Three rules make the numbers worth reading on a shared machine:
 #
 # * **Ratios, side by side.** Every time is taken in one process, interleaved with the
-#   baseline's (`attention_atlas.bench.compare`: rounds in which every function runs once, in a
+#   baseline's (`attention_atlas.bench.timing.compare`: rounds in which every function runs once, in a
 #   rotating order), and the ratio is taken within each round. On one CPU thread the clock is the
 #   thread's CPU time, which other processes on the machine do not inflate.
 # * **Floors, not only ratios.** A ratio to SDPA moves when either side gets faster. The *floor
@@ -58,7 +58,7 @@ SMOKE = {"live_variants": ["dot", "euclidean", "fiber_bundle"], "live_lengths": 
          "live_dtypes": ["float32"], "fallback_lengths": [32, 64], "reps": 1,
          "live_train_variants": ["dot", "fiber_bundle"],
          "live_train_shape": {"dim": 16, "n_layers": 1, "n_heads": 2, "batch_size": 2, "seq_len": 16}}  # fmt: skip
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -69,9 +69,9 @@ import torch
 from IPython.display import display
 
 from attention_atlas import viz
-from attention_atlas.bench_scaling import matmul_rate
-from attention_atlas.experiments import performance as perf
-from attention_atlas.experiments import performance_steps as steps
+from attention_atlas.bench.scaling import matmul_rate
+from attention_atlas.experiments.performance import kernels as perf
+from attention_atlas.experiments.performance import steps
 
 torch.set_num_threads(1)  # every measurement of this chapter is on one thread
 records = perf.load_records()
@@ -151,7 +151,7 @@ viz.markdown(
 # ### On a GPU
 #
 # The same commands on a CUDA machine store their records beside the CPU ones
-# (`results/bench/cuda/`; `benchmarks/device_session.sh` runs them on a lent GPU); this section
+# (`results/bench/cuda/`; `benchmarks/gpu_run.sh` runs them on your GPU machine); this section
 # shows them when they exist: the kernels against SDPA here, the training steps after the CPU's
 # below. On a GPU the clock is the wall clock with the device synchronised, and a kernel of a
 # few small operators is bound by the host's launches, not by arithmetic.

@@ -27,7 +27,7 @@
 # * cost measured as time per training step (side by side against dot) and as char-PTB
 #   validation bpc after the same wall-clock budget.
 #
-# Everything is computed by `attention_atlas.experiments.zoo` (grid and cells) and
+# Everything is computed by `attention_atlas.experiments.zoo.run` (grid and cells) and
 # `zoo_analysis` (tables, figures, anchors, claims) through the sweep runner; the chapter loads
 # the stored grid when it matches its parameters.
 
@@ -56,7 +56,7 @@ SMOKE = {
     "vocab_size": 16, "steps": 3, "batch_size": 8, "lrs": [1e-3, 3e-3], "log_every": 1,
     "ptb_budget_s": 0.5, "centre_only": [], "use_stored": False,
 }  # fmt: skip
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 
@@ -67,13 +67,13 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from attention_atlas import results, viz
+from attention_atlas import experiments, viz
 from attention_atlas.claims import claim
 from attention_atlas.data import IGNORE_INDEX, mqar_task
 from attention_atlas.data.mqar import chance_levels
-from attention_atlas.experiments import zoo
-from attention_atlas.experiments import zoo_analysis as za
-from attention_atlas.sweep import sweep_command
+from attention_atlas.experiments import sweep_command
+from attention_atlas.experiments.zoo import analysis as za
+from attention_atlas.experiments.zoo import run as zoo
 
 torch.set_num_threads(threads)
 t_chapter = time.perf_counter()
@@ -149,7 +149,7 @@ params = {
 }  # fmt: skip
 if SMALL:
     params = {**zoo.PRESETS["smoke"], **params}
-grid = results.stored_or_run("zoo", params=params, seeds=seeds, use_stored=use_stored, log=None)
+grid = experiments.stored_or_run("zoo", params=params, seeds=seeds, use_stored=use_stored, log=None)
 print(grid.provenance.text)
 runs = za.mqar_frame(grid.frame)
 viz.markdown(za.protocol_text(grid, zoo.PRESETS["long"]))

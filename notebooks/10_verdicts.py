@@ -33,7 +33,7 @@ min_claims = 30  # the register must hold at least this many claims
 
 # %% tags=["smoke"]
 SMOKE = {"smoke_checks": True}
-from attention_atlas.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
+from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
 apply_smoke(SMOKE, globals())
 

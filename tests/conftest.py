@@ -1,6 +1,9 @@
-"""Shared fixtures: the chapters executed once per session with their SMOKE parameters, and the
-book built once from those executed notebooks (execution off), reused by test_notebooks.py,
-test_book.py and test_browser.py."""
+"""The tests' shared set-up, in one place: the chapters executed once per session with their
+SMOKE parameters, and the book built once from those executed notebooks (execution off), reused
+by test_notebooks.py, test_book.py and test_browser.py; the :func:`one_thread` fixture; the
+explicit pair-by-pair geodesic scores (:func:`explicit_geodesic_scores`), the float64 reference
+of several test files; and the browser tests' wait for a figure to change
+(:func:`wait_for_figure_change`)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
@@ -20,6 +24,45 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 SMOKE_JOBS = int(os.environ.get("ATTENTION_ATLAS_SMOKE_JOBS", "2"))
 #: seconds allowed per cell in a smoke run
 SMOKE_CELL_TIMEOUT = float(os.environ.get("ATTENTION_ATLAS_SMOKE_TIMEOUT", "600"))
+
+
+@pytest.fixture
+def one_thread():  # type: ignore[no-untyped-def]
+    """One intra-op thread for the test (small tensors: faster, and much faster on a loaded
+    machine; the native kernels' bit-for-bit tests need it), the count restored after. Use it
+    with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def explicit_geodesic_scores(
+    q: torch.Tensor, k: torch.Tensor, U: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """``-(q_i - k_j)^T (I + (U_i U_i^T + U_j U_j^T) / 2) (q_i - k_j) / tau``, pair by pair, the
+    metric formed as a ``d x d`` matrix: ``q, k (L, d)``, ``U (L, d, r)`` -> ``(L, L)``."""
+    L, d = q.shape
+    S = torch.empty(L, L, dtype=q.dtype)
+    for i in range(L):
+        for j in range(L):
+            g = torch.eye(d, dtype=q.dtype) + (U[i] @ U[i].T + U[j] @ U[j].T) / 2
+            x = q[i] - k[j]
+            S[i, j] = -(x @ g @ x) / tau
+    return S
+
+
+def wait_for_figure_change(page: object, figure_js: str, before: object, within_s: float = 60):
+    """Poll the page every half second until ``figure_js`` (a JavaScript function returning the
+    figure's data, or null) returns something other than ``before``; the last value (equal to
+    ``before`` when the figure did not change within ``within_s`` seconds)."""
+    after = before
+    for _ in range(int(within_s * 2)):
+        page.wait_for_timeout(500)  # type: ignore[attr-defined]
+        after = page.evaluate(figure_js)  # type: ignore[attr-defined]
+        if after is not None and after != before:
+            break
+    return after
 
 
 def _chapters_needed(session: pytest.Session) -> list[Path]:

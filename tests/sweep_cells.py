@@ -77,7 +77,7 @@ def train_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
 
     kill_at = int(os.environ.get("SWEEP_TEST_KILL_AT_STEP", "0"))
     pause = float(os.environ.get("SWEEP_TEST_STEP_SLEEP", "0"))
-    real_step = loop._optimiser_step
+    real_step = loop.optimiser_step
 
     def step_then_maybe_die(run: Any, *args: Any) -> Any:
         out = real_step(run, *args)
@@ -86,7 +86,7 @@ def train_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no handlers: a real kill
         return out
 
-    loop._optimiser_step = step_then_maybe_die  # type: ignore[assignment]
+    loop.optimiser_step = step_then_maybe_die  # type: ignore[assignment]
     try:
         data = copy_task(256, 64, length=6, vocab=5)
         cfg = TrainConfig(steps=int(params["steps"]), batch_size=8, lr=1e-2, warmup_steps=3,
@@ -94,7 +94,7 @@ def train_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
                           measure_flops=False, seed=seed)  # fmt: skip
         res = train(ModelConfig(dim=16, n_layers=2, n_heads=2, dropout=0.1), cfg, data)
     finally:
-        loop._optimiser_step = real_step  # type: ignore[assignment]
+        loop.optimiser_step = real_step  # type: ignore[assignment]
     weights = sum(float(p.detach().double().square().sum()) for p in res.model.parameters())
     return {"val_loss": float(res.final["val_loss"]), "weights_sq": weights,
             "train_loss": [float(v) for v in res.history["train_loss"]],

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from attention_atlas import bench
-from attention_atlas.bench import bench_attention, compare, format_table, peak_memory
+from attention_atlas.bench import timing as bench
+from attention_atlas.bench.timing import bench_attention, compare, format_table, peak_memory
 
 torch.set_num_threads(1)  # tiny ops on a shared 2-core machine: threads only contend
 
@@ -38,7 +38,7 @@ def test_compare_reports_medians_quartiles_and_per_round_ratios_of_its_samples(
         k = calls.count(calls[-1]) - 1  # 0: the warm-up call, then rounds 1, 2, 3
         return cost[name] * (2.0 if grad else 1.0) * (1 + k * k)
 
-    monkeypatch.setattr(bench, "_time", scripted_time)
+    monkeypatch.setattr(bench, "time_steps", scripted_time)
     x = torch.randn(4, requires_grad=True)
     res = compare(
         {"one": make("one"), "three": make("three")}, "one", (x,), reps=3, warmup=1,
@@ -86,7 +86,7 @@ def test_compare_settles_each_function_right_before_each_of_its_samples(monkeypa
         timed.append(calls[-1])
         return 1e-3
 
-    monkeypatch.setattr(bench, "_time", scripted_time)
+    monkeypatch.setattr(bench, "time_steps", scripted_time)
     x = torch.randn(4)
     compare({"a": make("a"), "b": make("b")}, "a", (x,), reps=2, warmup=1, backward=False,
             memory=False, settle=2)  # fmt: skip

@@ -12,9 +12,12 @@ import pytest
 import torch
 from data_helpers import toy_corpus
 
-from attention_atlas import bench_records, bench_scaling, bench_train
 from attention_atlas.attention.riemannian.regularizers import TERMS
-from attention_atlas.train import measure_flops
+from attention_atlas.bench import records as bench_records
+from attention_atlas.bench import scaling as bench_scaling
+from attention_atlas.experiments.performance import train_steps as bench_train
+from attention_atlas.train import measure_flops, step_callable
+from attention_atlas.train.step import peek_batch
 
 torch.set_num_threads(1)
 TINY = {"dim": 16, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16}
@@ -23,10 +26,10 @@ TINY = {"dim": 16, "n_layers": 2, "n_heads": 2, "batch_size": 2, "seq_len": 16}
 @pytest.mark.parametrize("variant", ["dot", "fiber_bundle", "cofactor"])
 def test_phase_flops_add_up_to_the_model_flops_of_a_step(variant):
     # every matrix product of the model's forward and backward is charged to exactly one phase
-    run = bench_train._build_run(variant, TINY, toy_corpus(), seed=0)
-    step = bench_train._step_fn(run)
+    run = bench_train.variant_run(variant, TINY, toy_corpus(), seed=0)
+    step = step_callable(run)
     phases = bench_train.profile_phases(step, run.model, steps=1)
-    x, y = bench_train._peek_batch(run)
+    x, y = peek_batch(run.sampler)
     counted = measure_flops(run.model, x, y)
     model = {n: p for n, p in phases.items() if not n.startswith("regularizer/")}
     fwd = sum(p["forward_flops"] for p in model.values())
@@ -47,9 +50,9 @@ def test_cofactor_step_counts_the_products_of_its_closed_form_and_no_factorisati
     """A decoder's regularised heads take the closed form: no LU estimate is added, and the
     regulariser's phase holds exactly its three products, the logits forward and two backward
     (2 n^2 d FLOPs each), for batch x layers x 1 head matrices."""
-    run = bench_train._build_run("cofactor", TINY, toy_corpus(), seed=0)
+    run = bench_train.variant_run("cofactor", TINY, toy_corpus(), seed=0)
     assert bench_train._model_flops(run)["regularizer_estimate"] == 0
-    phases = bench_train.profile_phases(bench_train._step_fn(run), run.model, steps=1)
+    phases = bench_train.profile_phases(step_callable(run), run.model, steps=1)
     n, d = TINY["seq_len"], TINY["dim"] // TINY["n_heads"]
     mats = TINY["batch_size"] * TINY["n_layers"]
     reg = phases["regularizer/cofactor"]

@@ -426,9 +426,9 @@ def test_clear_errors_on_bad_input():
 
 
 def test_harness_registers_and_runs_the_cofactor_regularizer_and_diagnostic():
-    from attention_atlas.attention.registry import available_diagnostics, available_regularizers
     from attention_atlas.data import ArrayTask
     from attention_atlas.models import ModelConfig
+    from attention_atlas.models.hooks import available_diagnostics, available_regularizers
     from attention_atlas.train import TrainConfig, train
 
     assert "cofactor" in available_regularizers() and "cofactor" in available_diagnostics()

@@ -1,4 +1,4 @@
-"""Chapter 6's experiment (attention_atlas.experiments.cofactor and cofactor_numerics): the grid
+"""Chapter 6's experiment (attention_atlas.experiments.cofactor.run and cofactor_numerics): the grid
 at equal training FLOPs, a cell trained through the harness, the gradient statistics, the paired
 analysis, and the numerical tables the chapter asserts on."""
 
@@ -17,11 +17,10 @@ from scipy import stats as st
 from attention_atlas.claims import CLAIMS, Outcome
 from attention_atlas.cofactor import cofactor_flops
 from attention_atlas.experiments import EXPERIMENTS, experiment
-from attention_atlas.experiments import cofactor as exp
-from attention_atlas.experiments import cofactor_analysis as ana
-from attention_atlas.experiments import cofactor_checks as checks
-from attention_atlas.experiments import cofactor_timing as timing
-from attention_atlas.experiments.cofactor_numerics import (
+from attention_atlas.experiments.cofactor import analysis as ana
+from attention_atlas.experiments.cofactor import checks, timing
+from attention_atlas.experiments.cofactor import run as exp
+from attention_atlas.experiments.cofactor.numerics import (
     coupling_table,
     identity_table,
     lu_vs_minors,
@@ -44,7 +43,7 @@ def smoke_grid() -> dict:
 
 
 def test_the_sweep_runner_knows_the_experiment():
-    assert EXPERIMENTS["cofactor"] == "attention_atlas.experiments.cofactor"
+    assert EXPERIMENTS["cofactor"] == "attention_atlas.experiments.cofactor.run"
     mod = experiment("cofactor")
     assert {"smoke", "book", "long"} <= set(mod.PRESETS)
     assert callable(mod.chapter_grid) and callable(mod.run_cell)

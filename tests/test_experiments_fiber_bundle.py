@@ -13,8 +13,9 @@ from scipy.stats import spearmanr
 
 from attention_atlas.data import TextCorpus, Vocab
 from attention_atlas.experiments import experiment
-from attention_atlas.experiments import fiber_bundle as fb
-from attention_atlas.experiments.fiber_bundle_analysis import (
+from attention_atlas.experiments.fiber_bundle import run as fb
+from attention_atlas.experiments.fiber_bundle import verdicts as V
+from attention_atlas.experiments.fiber_bundle.analysis import (
     TYPE_NAMES,
     Runs,
     analyse,
@@ -23,7 +24,7 @@ from attention_atlas.experiments.fiber_bundle_analysis import (
 )
 from attention_atlas.models import FiberBundleConfig
 from attention_atlas.stats import mean_interval, paired_difference
-from attention_atlas.sweep import Cell, load_results, run_sweep
+from attention_atlas.sweep.runner import Cell, load_results, run_sweep
 
 
 def test_the_sweep_runner_finds_this_module_by_name() -> None:
@@ -71,7 +72,7 @@ def test_book_preset_is_the_chapters_parameters_cell() -> None:
     from pathlib import Path
 
     src = (
-        Path(fb.__file__).parents[3] / "notebooks" / "04_fiber_bundle_transformer.py"
+        Path(fb.__file__).parents[4] / "notebooks" / "04_fiber_bundle_transformer.py"
     ).read_text()
     cell = src.split('# %% tags=["parameters"]')[1].split("# %%")[0]
     values = {t.id: ast.literal_eval(n.value) for n in ast.parse(cell).body
@@ -207,11 +208,11 @@ def test_outcomes_give_every_chapter4_claim_an_outcome_and_the_sections_exist() 
     assert {c.key for c in mine} >= {"riemannian/eq-25", "riemannian/overhead"} | {
         f"riemannian/P{i}" for i in range(1, 7)
     }
-    got = fb.outcomes(smoke=True)
+    got = V.outcomes(smoke=True)
     assert set(got) >= {c.key for c in mine}
     assert all(isinstance(o, claims.Outcome) for o in got.values())
     assert got["riemannian/eq-25"].outcome == "contradicted"  # a float64 fact, at any scale
-    chapter = (Path(fb.__file__).parents[3] / "notebooks" / f"{mine[0].chapter}.py").read_text()
+    chapter = (Path(fb.__file__).parents[4] / "notebooks" / f"{mine[0].chapter}.py").read_text()
     headings = {line[5:].strip() for line in chapter.splitlines() if line.startswith("# ## ")}
     assert {c.section for c in mine} <= headings
 
@@ -242,7 +243,6 @@ def test_a_verdict_whose_arms_diverged_is_not_tested_and_names_them() -> None:
     """P6 compares the largest and smallest metric rank: a seed where either diverged leaves
     nothing to pair, so the verdict is *not tested*, naming the arm, seeds and steps; dropping
     the seed would compare the arms on the seeds that survived."""
-    from attention_atlas.experiments import fiber_bundle_verdicts as V
 
     rows = [
         {"config": c, "seed": s, "val_bpc": 2.0, "erank_2": e + 0.1 * s}
@@ -269,7 +269,6 @@ def test_p1_is_not_tested_when_its_weakest_level_diverged_and_keeps_its_scales()
     diverged at two seeds of the long grid): decided, with the sign strongest minus weakest,
     while every seed finished; *not tested*, naming the level, once one diverged, with the
     critical scales the chapter prints still given for both levels."""
-    from attention_atlas.experiments import fiber_bundle_verdicts as V
 
     levels = {
         "fbt_kappa-0.1": (0.1, 0.5, 0.2),

@@ -21,14 +21,14 @@ from scipy import stats as st
 from attention_atlas.attention.graphs import CONTRAST_FAMILIES, GRAPH_FAMILIES
 from attention_atlas.claims import CLAIMS
 from attention_atlas.experiments import EXPERIMENTS, experiment
-from attention_atlas.experiments import matroidal as ex
-from attention_atlas.experiments import matroidal_analysis as an
-from attention_atlas.experiments import matroidal_checks as checks
-from attention_atlas.experiments import matroidal_verdicts as vd
+from attention_atlas.experiments.matroidal import analysis as an
+from attention_atlas.experiments.matroidal import checks
+from attention_atlas.experiments.matroidal import run as ex
+from attention_atlas.experiments.matroidal import verdicts as vd
 from attention_atlas.notebooks import chapter_parameters, chapter_smoke
 from attention_atlas.provenance import Provenance
 from attention_atlas.stats import Interval
-from attention_atlas.sweep import make_cells, run_sweep
+from attention_atlas.sweep.runner import make_cells, run_sweep
 
 CHAPTER = Path(__file__).resolve().parents[1] / "notebooks" / "05_matroidal_metric.py"
 GRID_KEYS = set(inspect.signature(ex.chapter_configurations).parameters)
@@ -39,7 +39,7 @@ MINE = {c.key for c in CLAIMS if c.module == "attention_atlas.experiments.matroi
 
 
 def test_the_experiment_is_registered_for_the_sweep_runner():
-    assert EXPERIMENTS["matroidal"] == "attention_atlas.experiments.matroidal"
+    assert EXPERIMENTS["matroidal"] == "attention_atlas.experiments.matroidal.run"
     assert experiment("matroidal") is ex
     assert {"smoke", "book", "long"} <= set(ex.PRESETS) <= set(ex.PRESET_SEEDS)
     assert all(len(s) >= 3 for s in ex.PRESET_SEEDS.values())  # the verdict rule's minimum
@@ -386,7 +386,7 @@ def test_every_matroidal_claim_names_a_heading_of_chapter_5():
 
 @pytest.mark.slow
 def test_outcomes_in_smoke_cover_every_matroidal_claim():
-    out = ex.outcomes(smoke=True)
+    out = vd.outcomes(smoke=True)
     assert set(out) == MINE
     for key in ("matroidal/unimodular", "matroidal/psd", "matroidal/fast-path"):
         assert out[key].outcome == "supported", out[key]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from attention_atlas import claims
-from attention_atlas.experiments import zoo
-from attention_atlas.experiments import zoo_analysis as za
+from attention_atlas.experiments.zoo import analysis as za
+from attention_atlas.experiments.zoo import run as zoo
 
 torch.set_num_threads(1)
 
@@ -291,7 +291,7 @@ def test_the_ablation_table_sets_the_protocol_beside_each_change():
 def test_long_anchors_need_every_dot_and_ssm_cell_of_the_long_protocol(monkeypatch, tmp_path):
     import shutil
 
-    from attention_atlas import results
+    from attention_atlas.store import results
 
     stored = results.results_root() / "zoo" / "long"
     configs = {k for k, v in zoo.chapter_grid(**zoo.PRESETS["long"]).items()

@@ -15,18 +15,12 @@ from attention_atlas.attention import build_attention
 from attention_atlas.attention.dot import explicit_attention
 from attention_atlas.attention.riemannian.diagnostics import perturbation_entry_scale
 from attention_atlas.data import TextCorpus, Vocab
-from attention_atlas.experiments import fiber_bundle as fb
-from attention_atlas.experiments.fiber_bundle_analysis import attention_entropy
+from attention_atlas.experiments.fiber_bundle import run as fb
+from attention_atlas.experiments.fiber_bundle.analysis import attention_entropy
 from attention_atlas.models import FiberBundleConfig, ModelConfig, metric_factors
 from attention_atlas.train import TrainConfig, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- the dot-product model at temperature T (P5) ---------------------------------------------

@@ -12,25 +12,17 @@ from riemannian_inputs import eq27_reference
 
 from attention_atlas.attention import riemannian as R
 from attention_atlas.attention.riemannian import modules
-from attention_atlas.attention.riemannian.diagnostics import (
-    fiber_bundle_diagnostic,
-    isometry_errors,
-)
+from attention_atlas.attention.riemannian.diagnostics import isometry_errors
 from attention_atlas.attention.riemannian.regularizers import fiber_bundle_regularizers
 from attention_atlas.data import TextCorpus, Vocab
 from attention_atlas.linalg import metric_inverse_dense
 from attention_atlas.models import PHASES, FiberBundleConfig, evaluated_at_alpha, fbt_attentions
+from attention_atlas.models.fiber_bundle import fiber_bundle_diagnostic
 
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small tensors: one intra-op thread is faster, and much faster on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = {"vocab_size": 11, "dim": 16, "n_layers": 2, "n_heads": 2, "max_len": 12}

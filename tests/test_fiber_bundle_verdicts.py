@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from attention_atlas import claims
-from attention_atlas.experiments import fiber_bundle as fb
-from attention_atlas.experiments import fiber_bundle_verdicts as V
-from attention_atlas.experiments.fiber_bundle_analysis import Runs
+from attention_atlas.experiments.fiber_bundle import run as fb
+from attention_atlas.experiments.fiber_bundle import verdicts as V
+from attention_atlas.experiments.fiber_bundle.analysis import Runs
 
 SEEDS = [0, 1, 2, 3, 4]
 GRID = fb.chapter_grid(ranks=(1, 4, 8), alphas=(0.0, 1.0), kappa_factors=(0.1, 1.0, 10.0),

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attention_atlas import lab
-from attention_atlas.notebooks import HEADLESS_ENV, ParameterError, chapter_smoke
+from attention_atlas.notebooks import HEADLESS_ENV, ParameterError, chapter_smoke, lab
 
 
 @pytest.fixture
@@ -56,7 +55,7 @@ def test_the_smoke_cell_may_end_with_the_switch(tmp_path: Path) -> None:
 
             # %% tags=["smoke"]
             SMOKE = {"n": 2}
-            from attention_atlas.lab import apply_smoke  # JupyterLab switch
+            from attention_atlas.notebooks.lab import apply_smoke  # JupyterLab switch
 
             apply_smoke(SMOKE, globals())
             """

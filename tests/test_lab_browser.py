@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import wait_for_figure_change
 from live_servers import (
     CHROMIUM,
     SCREENSHOTS,
@@ -189,12 +190,7 @@ def test_moving_the_main_control_changes_the_figure(lab_server: LabServer, path:
             page.wait_for_function(f"({FIGURE_DATA})() !== null", timeout=60_000)
             before = page.evaluate(FIGURE_DATA)
             done = move_control(control)
-            after = before
-            for _ in range(120):  # up to 60 s for the kernel to recompute
-                page.wait_for_timeout(500)
-                after = page.evaluate(FIGURE_DATA)
-                if after is not None and after != before:
-                    break
+            after = wait_for_figure_change(page, FIGURE_DATA, before, within_s=60)
             page.locator(".atlas-main").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shot))
             state = page.evaluate(RUN_STATE)

@@ -185,7 +185,7 @@ import torch
 from attention_atlas import linalg
 from attention_atlas.attention.riemannian.geometry import transport_dense
 from attention_atlas.cofactor.cofactors import lu_cofactors
-from attention_atlas.experiments.riemannian_cost import dense_solve
+from attention_atlas.experiments.low_rank.cost import dense_solve
 
 torch.set_num_threads(1)
 torch.set_num_threads(2)  # an explicit count above one, as the harness's thread restore makes

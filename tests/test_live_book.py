@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import BookBuild, build_book_from_executed
+from conftest import BookBuild, build_book_from_executed, wait_for_figure_change
 from live_servers import (
     CHROMIUM,
     SCREENSHOTS,
@@ -27,8 +27,8 @@ from live_servers import (
     start_lab,
 )
 
-from attention_atlas.lab import live_fragment
 from attention_atlas.notebooks import chapters
+from attention_atlas.notebooks.lab import live_fragment
 
 pytestmark = [pytest.mark.slow, pytest.mark.live]
 
@@ -117,12 +117,7 @@ def test_going_live_runs_the_page_and_the_main_control_reaches_the_kernel(
             before = page.evaluate(FIGURE_DATA)
             assert before is not None, "the main exploration drew no figure in the page"
             done = move_control(control)
-            after = before
-            for _ in range(120):  # up to 60 s for the kernel to recompute
-                page.wait_for_timeout(500)
-                after = page.evaluate(FIGURE_DATA)
-                if after is not None and after != before:
-                    break
+            after = wait_for_figure_change(page, FIGURE_DATA, before, within_s=60)
             page.locator(".atlas-main").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shot))
             assert not page.evaluate(ERRORS), page.evaluate(ERRORS)

@@ -24,12 +24,7 @@ from attention_atlas.native import functions as NF
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _factor(b: int, h: int, seq: int, d: int, r: int, g: torch.Generator) -> torch.Tensor:
@@ -350,7 +345,7 @@ def _fbt(seed: int = 0) -> torch.nn.Module:
 def test_fiber_bundle_step_is_the_same_with_native_kernels() -> None:
     """A whole Fiber Bundle Transformer forward, its three regularisers and backward, float64:
     loss and every parameter's gradient agree with and without the native kernels."""
-    from attention_atlas.attention.riemannian.regularizers import fiber_bundle_regularizer
+    from attention_atlas.models.fiber_bundle import fiber_bundle_regularizer
 
     x = torch.randint(0, 11, (3, 20), generator=torch.Generator().manual_seed(2))
     results = []
@@ -447,7 +442,7 @@ def test_a_training_run_records_the_native_kernels(tmp_path: Path) -> None:
 
 
 def test_a_sweep_cell_records_the_native_kernels() -> None:
-    from attention_atlas.sweep_backends import execute_cell
+    from attention_atlas.sweep.backends import execute_cell
 
     def cell(params, seed):  # type: ignore[no-untyped-def]
         return {"on": native.is_enabled()}
@@ -551,7 +546,7 @@ def test_levels_choose_the_kernels(monkeypatch) -> None:  # type: ignore[no-unty
     """Level 1 keeps the regularisers on the PyTorch path (with the Gram kernel), the level a
     record made before levels re-runs at; ``True`` is :data:`native.LEVEL`, which adds the one
     kernel; the two agree in float64."""
-    from attention_atlas.attention.riemannian.regularizers import fiber_bundle_regularizer
+    from attention_atlas.models.fiber_bundle import fiber_bundle_regularizer
 
     calls: list[str] = []
     real = NF.FiberBundleTerms.apply
@@ -572,8 +567,8 @@ def test_levels_choose_the_kernels(monkeypatch) -> None:  # type: ignore[no-unty
 
 
 def test_records_carry_the_level_and_verify_reads_it() -> None:
-    from attention_atlas.results import _native_level
-    from attention_atlas.sweep_backends import execute_cell
+    from attention_atlas.sweep.backends import execute_cell
+    from attention_atlas.sweep.verify import native_level
 
     def cell(params, seed):  # type: ignore[no-untyped-def]
         return {"level": native.level()}
@@ -581,9 +576,9 @@ def test_records_carry_the_level_and_verify_reads_it() -> None:
     out = execute_cell(cell, {}, 0, 1, native=1)
     assert out["metrics"] == {"level": 1} and out["environment"]["native_level"] == 1
     assert execute_cell(cell, {}, 0, 1, native=True)["environment"]["native_level"] == native.LEVEL
-    assert _native_level({"native": True}) == 1  # made before levels
-    assert _native_level({"native": True, "native_level": 2}) == 2
-    assert _native_level({}) == 0
+    assert native_level({"native": True}) == 1  # made before levels
+    assert native_level({"native": True, "native_level": 2}) == 2
+    assert native_level({}) == 0
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -18,12 +18,7 @@ from attention_atlas.attention.sma import duality as D
 SHAPES = [(2, 3, 1, 64), (2, 3, 5, 13), (1, 1, 2, 1), (3, 2, 1, 17), (1, 2, 3, 8)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():  # type: ignore[no-untyped-def]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:

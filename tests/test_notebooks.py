@@ -302,8 +302,8 @@ def test_chapter_4_executes_on_a_grid_with_diverged_runs_and_names_them(
     the figures name them, the run view shows the diverged run, and every prediction comparing
     them, P1 to P6, is *not tested* with the arm, seed and step as its reason (the smoke grid's
     two seeds would make them not tested too, for that other reason, which comes second)."""
-    from attention_atlas.experiments import fiber_bundle as fb
-    from attention_atlas.results import stored_or_run
+    from attention_atlas.experiments import stored_or_run
+    from attention_atlas.experiments.fiber_bundle import run as fb
 
     params = {**chapter_parameters(CH4), **chapter_smoke(CH4)}
     kwargs = {k: params[k] for k in CH4_GRID}

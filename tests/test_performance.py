@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from attention_atlas import bench_records
-from attention_atlas.experiments import performance as perf
-from attention_atlas.experiments import performance_steps as steps
+from attention_atlas.bench import records as bench_records
+from attention_atlas.experiments.performance import kernels as perf
+from attention_atlas.experiments.performance import steps
 
 
 def _kernels(device: str = "cpu") -> dict:

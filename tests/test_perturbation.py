@@ -10,23 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import explicit_geodesic_scores
 
 from attention_atlas.attention.riemannian.diagnostics import perturbation_entry_scale
-from attention_atlas.experiments import perturbation as pt
+from attention_atlas.experiments.rank_collapse import perturbation as pt
 
 DT = torch.float64
-
-
-def explicit_geodesic_scores(q: torch.Tensor, k: torch.Tensor, U: torch.Tensor, tau: float):
-    """``-(q_i - k_j)^T (I + (U_i U_i^T + U_j U_j^T) / 2) (q_i - k_j) / tau``, pair by pair."""
-    L, d = q.shape
-    S = torch.empty(L, L, dtype=q.dtype)
-    for i in range(L):
-        for j in range(L):
-            g = torch.eye(d, dtype=q.dtype) + (U[i] @ U[i].T + U[j] @ U[j].T) / 2
-            x = q[i] - k[j]
-            S[i, j] = -(x @ g @ x) / tau
-    return S
 
 
 # ---- Proposition 3.5 and eq. (13) ------------------------------------------------------------

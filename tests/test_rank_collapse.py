@@ -10,12 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import explicit_geodesic_scores
 
 from attention_atlas import claims, linalg, stats
 from attention_atlas.experiments import experiment
-from attention_atlas.experiments import rank_collapse as rc
-from attention_atlas.experiments import stacks as st
-from attention_atlas.sweep import load_results, make_cells, run_sweep
+from attention_atlas.experiments.rank_collapse import run as rc
+from attention_atlas.experiments.rank_collapse import stacks as st
+from attention_atlas.sweep.runner import load_results, make_cells, run_sweep
 
 DT = torch.float64
 TOL = 1e-10
@@ -23,18 +24,6 @@ TOL = 1e-10
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
-
-
-def explicit_geodesic_scores(q: torch.Tensor, k: torch.Tensor, U: torch.Tensor, tau: float):
-    """``-(q_i - k_j)^T (I + (U_i U_i^T + U_j U_j^T) / 2) (q_i - k_j) / tau``, pair by pair."""
-    L, d = q.shape
-    S = torch.empty(L, L, dtype=q.dtype)
-    for i in range(L):
-        for j in range(L):
-            g = torch.eye(d, dtype=q.dtype) + (U[i] @ U[i].T + U[j] @ U[j].T) / 2
-            x = q[i] - k[j]
-            S[i, j] = -(x @ g @ x) / tau
-    return S
 
 
 # ---- pure attention stacks --------------------------------------------------------------------

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from attention_atlas import results
 from attention_atlas.__main__ import main
-from attention_atlas.experiments import toy
+from attention_atlas.experiments import run_experiment, stored_or_run, toy, verify
 from attention_atlas.provenance import cpu_id, git_state
-from attention_atlas.records import read_records
-from attention_atlas.sweep import run_experiment
+from attention_atlas.store import results
+from attention_atlas.store.records import read_records
+from attention_atlas.sweep.verify import RTOL, compare
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_stored_or_run_loads_a_complete_stored_grid_without_running(
         raise AssertionError("ran a cell although the grid is stored")
 
     monkeypatch.setattr(toy, "run_cell", fail)
-    grid = results.stored_or_run("toy", preset="smoke", seeds=[0, 1], stored="smoke", log=None)
+    grid = stored_or_run("toy", preset="smoke", seeds=[0, 1], stored="smoke", log=None)
     assert grid.provenance.source == "stored" and len(grid.frame) == 2
 
 
@@ -98,14 +98,14 @@ def test_stored_or_run_runs_the_chapter_grid_when_nothing_complete_is_stored(
     store: Path, tmp_path: Path
 ) -> None:
     lines: list[str] = []
-    grid = results.stored_or_run("toy", preset="smoke", params={"steps": 3}, seeds=[0], stored="long",
+    grid = stored_or_run("toy", preset="smoke", params={"steps": 3}, seeds=[0], stored="long",
                                  out_dir=tmp_path / "chapter", log=lines.append)  # fmt: skip
     assert grid.provenance.source == "computed" and grid.complete and len(grid.frame) == 1
     assert "no complete stored long grid" in lines[0]
     assert grid.provenance.text.startswith(
         f"computed here, as by `python -m attention_atlas sweep toy --preset smoke --seeds 0 -p steps=3 --out {tmp_path / 'chapter'}`"
     )
-    smoke = results.stored_or_run(
+    smoke = stored_or_run(
         "toy", preset="smoke", seeds=[0], stored="smoke", use_stored=False, log=None
     )
     assert smoke.provenance.source == "computed"
@@ -117,36 +117,36 @@ def test_compare_is_exact_or_within_the_stated_tolerance() -> None:
         "history": {"loss": [1.0, 0.5], "time_s": [0.1, 0.2]},
         "train_time_s": 3.0,
     }
-    assert results.compare(stored, stored, rtol=0, atol=0) == ([], 0.0)
+    assert compare(stored, stored, rtol=0, atol=0) == ([], 0.0)
     moved = {
         "loss": 1.0 + 1e-4,
         "history": {"loss": [1.0, 0.5], "time_s": [9, 9]},
         "train_time_s": 7.0,
     }
-    diffs, worst = results.compare(stored, moved, rtol=0, atol=0)
+    diffs, worst = compare(stored, moved, rtol=0, atol=0)
     assert diffs == ["loss: 1.0 stored, 1.0001 re-run"] and math.isclose(worst, 1e-4)
-    assert results.compare(stored, moved, rtol=1e-3, atol=0)[0] == []
-    assert results.compare({"x": math.nan}, {"x": math.nan}, rtol=0, atol=0) == ([], 0.0)
-    assert results.compare({"h": [1, 2, 3]}, {"h": [1, 2]}, rtol=1, atol=1)[0] == [
+    assert compare(stored, moved, rtol=1e-3, atol=0)[0] == []
+    assert compare({"x": math.nan}, {"x": math.nan}, rtol=0, atol=0) == ([], 0.0)
+    assert compare({"h": [1, 2, 3]}, {"h": [1, 2]}, rtol=1, atol=1)[0] == [
         "h: length 3 stored, 2 re-run"
     ]
-    assert results.compare({"h": [1, 2, 3]}, {"h": [1, 5, 6]}, rtol=0, atol=0)[0] == [
+    assert compare({"h": [1, 2, 3]}, {"h": [1, 5, 6]}, rtol=0, atol=0)[0] == [
         "h[1]: 2 stored, 5 re-run (and 1 more in h)"
     ]
-    assert results.compare({"a": 1}, {"b": 1}, rtol=0, atol=0)[0] == [
+    assert compare({"a": 1}, {"b": 1}, rtol=0, atol=0)[0] == [
         "a: only in the stored record", "b: only in the re-run record"
     ]  # fmt: skip
 
 
 def test_verify_reproduces_stored_cells_exactly_and_catches_a_changed_one(store: Path) -> None:
-    ok = results.verify(5, experiment="toy", log=None)
+    ok = verify(5, experiment="toy", log=None)
     assert [o.status for o in ok] == ["exact", "exact"]
     path = ok[0].path
     rec = json.loads(path.read_text())
     rec["history"]["loss"][2] = math.nextafter(rec["history"]["loss"][2], 10.0)  # one ulp
     rec["cell_seconds"] = 1e9  # a timing: never compared
     path.write_text(json.dumps(rec))
-    bad = results.verify(5, experiment="toy", log=None)
+    bad = verify(5, experiment="toy", log=None)
     assert [o.status for o in bad] == ["differs", "exact"]
     assert bad[0].detail.startswith("history.loss[2]: ")
 
@@ -166,12 +166,12 @@ def test_a_compiled_sweep_says_so_and_verify_re_runs_it_compiled(
     assert all(r["provenance"]["compile_fallbacks"] == [] for r in recs)
     assert all(r["provenance"]["command"].endswith(" --compile") for r in recs)
     assert "compiled steps" in grid.provenance.text
-    assert {o.status for o in results.verify(5, experiment="toy", log=None)} == {"exact"}
+    assert {o.status for o in verify(5, experiment="toy", log=None)} == {"exact"}
     for path in sorted((tmp_path / "toy" / "smoke" / "cells").glob("*.json")):
         rec = json.loads(path.read_text())  # the same records, as if made eagerly
         rec["provenance"]["compile"] = False
         path.write_text(json.dumps(rec))
-    again = results.verify(5, experiment="toy", log=None)
+    again = verify(5, experiment="toy", log=None)
     assert {o.status for o in again} == {"differs"}
     assert all(o.detail.startswith("compiled_steps: 1.0 stored, 0.0 re-run") for o in again)
 
@@ -182,7 +182,7 @@ def test_verify_re_runs_the_committed_toy_cell() -> None:
     grid = results.load_grid("toy", "book", root=REPO / "results")
     assert grid.complete and grid.provenance.n_cells >= 1
     assert not any(r["provenance"]["git_dirty"] for r in grid.records.values())
-    (outcome,) = results.verify(1, experiment="toy", preset="book", root=REPO / "results", log=None)
+    (outcome,) = verify(1, experiment="toy", preset="book", root=REPO / "results", log=None)
     assert outcome.status in ("exact", "close"), outcome.detail
 
 
@@ -220,14 +220,14 @@ def test_verify_holds_a_cell_of_another_processor_to_the_tolerance(store: Path) 
             else:
                 changed["provenance"]["cpu_id"] = cpu
             path.write_text(json.dumps(changed))
-        out = results.verify(len(paths), experiment="toy", preset="smoke", root=store, log=None)
+        out = verify(len(paths), experiment="toy", preset="smoke", root=store, log=None)
         return {o.status for o in out}
 
     assert verified(cpu_id(), 0.0) == {"exact"}
     assert verified(cpu_id(), 1e-7) == {"differs"}
     assert verified("AuthenticAMD 25/17/1 avx avx2 avx512f", 1e-7) == {"close"}
     assert verified(None, 1e-7) == {"close"}
-    assert verified(None, 10 * results.RTOL) == {"differs"}
+    assert verified(None, 10 * RTOL) == {"differs"}
 
 
 def test_the_results_command_lists_shows_and_verifies(
@@ -283,8 +283,8 @@ def test_the_list_says_what_an_unfinished_grid_still_needs(
 
 
 def test_a_record_too_large_for_the_store_is_written_with_a_warning(tmp_path: Path) -> None:
-    from attention_atlas.records import MAX_RECORD_BYTES
-    from attention_atlas.sweep import Cell, run_sweep
+    from attention_atlas.store.records import MAX_RECORD_BYTES
+    from attention_atlas.sweep.runner import Cell, run_sweep
 
     lines: list[str] = []
     run_sweep([Cell("big", 0, {})], lambda p, s: {"weights": [0.123456789] * (MAX_RECORD_BYTES // 10)},
@@ -298,13 +298,13 @@ def test_a_stored_grid_of_the_chapters_own_preset_counts_only_for_exactly_that_g
 ) -> None:
     """The stored smoke grid (steps 5) serves a chapter asking for the smoke grid, but not one
     asking for it with other parameters (steps 3), nor for other seeds."""
-    same = results.stored_or_run("toy", preset="smoke", seeds=[0], stored=("long", "smoke"),
+    same = stored_or_run("toy", preset="smoke", seeds=[0], stored=("long", "smoke"),
                                  log=None)  # fmt: skip
     assert same.provenance.source == "stored"
-    other = results.stored_or_run("toy", preset="smoke", params={"steps": 3}, seeds=[0],
+    other = stored_or_run("toy", preset="smoke", params={"steps": 3}, seeds=[0],
                                   stored=("long", "smoke"), out_dir=tmp_path / "a", log=None)  # fmt: skip
     assert other.provenance.source == "computed"
-    seeds = results.stored_or_run("toy", preset="smoke", seeds=[7], stored=("long", "smoke"),
+    seeds = stored_or_run("toy", preset="smoke", seeds=[7], stored=("long", "smoke"),
                                   out_dir=tmp_path / "b", log=None)  # fmt: skip
     assert seeds.provenance.source == "computed"
 
@@ -312,7 +312,7 @@ def test_a_stored_grid_of_the_chapters_own_preset_counts_only_for_exactly_that_g
 def test_costs_are_compared_by_cpu_time_where_every_cell_has_it() -> None:
     import pandas as pd
 
-    from attention_atlas.records import time_column
+    from attention_atlas.store.records import time_column
 
     both = pd.DataFrame({"train_time_s": [3.0, 9.0], "train_cpu_s": [2.9, 3.1]})
     assert time_column(both) == ("train_cpu_s", "training CPU time (s)")

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from attention_atlas.attention.riemannian import geodesic_attention_reference
-from attention_atlas.bench import count_flops
-from attention_atlas.experiments import riemannian_bench as rb
-from attention_atlas.experiments import riemannian_cost as rc
+from attention_atlas.bench.timing import count_flops
+from attention_atlas.experiments.low_rank import bench as rb
+from attention_atlas.experiments.low_rank import cost as rc
 
 DT = torch.float64
 
@@ -158,7 +158,7 @@ def test_memory_scaling_sees_the_references_quadratic_memory():
 def test_outcomes_cover_every_cost_claim_and_fail_on_broken_inputs():
     from attention_atlas import claims
 
-    mine = {c.key for c in claims.CLAIMS if c.module.endswith(".riemannian_cost")}
+    mine = {c.key for c in claims.CLAIMS if c.module.endswith(".low_rank")}
     found = rc.outcomes(smoke=True)
     assert set(found) == mine and all(isinstance(o, claims.Outcome) for o in found.values())
     assert found["riemannian/prop-4.1"].outcome == "supported"

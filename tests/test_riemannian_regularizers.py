@@ -13,11 +13,11 @@ from attention_atlas.attention import riemannian as R
 from attention_atlas.attention.base import AttentionResult
 from attention_atlas.attention.riemannian.regularizers import (
     RegularizerSchedule,
-    fiber_bundle_regularizer,
     fiber_bundle_regularizers,
     gram_sums,
     regularizer_terms,
 )
+from attention_atlas.models.fiber_bundle import fiber_bundle_regularizer
 
 
 def dense_distances(U):

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from attention_atlas import claims
-from attention_atlas.experiments import sma_checks
-from attention_atlas.experiments.sma_checks import (
+from attention_atlas.experiments.sma import checks as sma_checks
+from attention_atlas.experiments.sma.checks import (
     LINEAR_GROWTH,
     check_generators,
     check_low_rank_mask,
@@ -35,7 +35,7 @@ def test_every_sma_claim_is_computed_here_and_names_a_heading_of_chapter_7() -> 
     headings = {m.group(1).strip() for m in re.finditer(r"^# #+ (.+)$", CHAPTER.read_text(), re.M)}
     assert len(SMA) == 6
     for c in SMA:
-        assert c.module == sma_checks.__name__ and c.chapter == claims.C7
+        assert c.module == "attention_atlas.experiments.sma" and c.chapter == claims.C7
         assert c.section in headings, (c.key, c.section, sorted(headings))
 
 

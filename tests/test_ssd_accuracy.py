@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attention_atlas.attention.sma import ssd
-from attention_atlas.experiments.ssd_accuracy import (
+from attention_atlas.experiments.sma.accuracy import (
     accuracy_check,
     first_failure,
     float32_accuracy,
@@ -19,7 +19,7 @@ from attention_atlas.experiments.ssd_accuracy import (
     method_agreement,
     rel_err,
 )
-from attention_atlas.experiments.ssd_scaling import make_inputs
+from attention_atlas.experiments.sma.scaling import make_inputs
 
 
 def test_rel_err_is_the_max_abs_error_relative_to_the_largest_reference_entry() -> None:

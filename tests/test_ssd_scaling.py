@@ -10,7 +10,7 @@ import math
 import pytest
 
 from attention_atlas.experiments import EXPERIMENTS, experiment
-from attention_atlas.experiments.ssd_scaling import (
+from attention_atlas.experiments.sma.scaling import (
     PARTS,
     PRESETS,
     chapter_grid,
@@ -23,7 +23,7 @@ from attention_atlas.experiments.ssd_scaling import (
     sweep_table,
     time_memory_sweep,
 )
-from attention_atlas.sweep import make_cells, run_sweep
+from attention_atlas.sweep.runner import make_cells, run_sweep
 
 TINY = {"heads": 2, "head_dim": 4, "state": 4}
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attention_atlas.experiments import EXPERIMENTS, experiment
-from attention_atlas.experiments import ssm_lm as exp
+from attention_atlas.experiments.sma import lm as exp
 
 
 def frame(values: dict[str, list[float]], metric: str = "val_bpc") -> pd.DataFrame:

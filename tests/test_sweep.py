@@ -24,8 +24,14 @@ import torch
 
 from attention_atlas.__main__ import main
 from attention_atlas.experiments import EXPERIMENTS, experiment, toy
-from attention_atlas.records import CellLocks, canonical, config_hash, read_records, write_atomic
-from attention_atlas.sweep import Cell, cell_key, load_results, make_cells, run_sweep
+from attention_atlas.store.records import (
+    CellLocks,
+    canonical,
+    config_hash,
+    read_records,
+    write_atomic,
+)
+from attention_atlas.sweep.runner import Cell, cell_key, load_results, make_cells, run_sweep
 
 TESTS = Path(__file__).parent
 
@@ -101,7 +107,7 @@ def test_a_writer_killed_before_the_rename_leaves_no_record(tmp_path: Path) -> N
     temporary file that readers ignore."""
     script = textwrap.dedent(f"""
         import os, signal
-        from attention_atlas import records
+        from attention_atlas.store import records
         os.link = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
         records.write_atomic({str(tmp_path / "cells" / "c.json")!r}, '{{"config": "c"}}', overwrite=False)
     """)
@@ -282,7 +288,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 import sweep_cells
 from attention_atlas.experiments import EXPERIMENTS, experiment, toy
-from attention_atlas.sweep import make_cells, run_sweep
+from attention_atlas.sweep.runner import make_cells, run_sweep
 cells = make_cells(toy.chapter_grid(steps=3, dims=[8, 16, 24]), [0, 1, 2])
 Path({ready!r}).touch()
 while not Path({go!r}).exists():

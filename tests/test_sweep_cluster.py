@@ -26,7 +26,7 @@ import pytest
 import sweep_cells
 
 from attention_atlas.experiments import toy
-from attention_atlas.sweep import cell_key, make_cells, run_sweep
+from attention_atlas.sweep.runner import cell_key, make_cells, run_sweep
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 DASK = str(Path(sys.executable).with_name("dask"))

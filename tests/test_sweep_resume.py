@@ -21,8 +21,8 @@ from train_helpers import tiny_cfg
 from attention_atlas.data import copy_task
 from attention_atlas.models import ModelConfig
 from attention_atlas.provenance import Provenance
-from attention_atlas.records import read_records
-from attention_atlas.sweep import Cell, cell_key, run_sweep
+from attention_atlas.store.records import read_records
+from attention_atlas.sweep.runner import Cell, cell_key, run_sweep
 from attention_atlas.train import train
 from attention_atlas.train.resumable import claim_slot, in_flight, resumable_training
 
@@ -37,7 +37,7 @@ _RUNNER = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import sweep_cells
-    from attention_atlas.sweep import Cell, run_sweep
+    from attention_atlas.sweep.runner import Cell, run_sweep
     run_sweep([Cell("tiny", 3, {{"steps": 14}})], sweep_cells.train_cell, {out!r},
               checkpoint_every=4, log=None)
     """

@@ -13,7 +13,7 @@ import torch._dynamo
 from data_helpers import toy_corpus
 from torch import nn
 
-from attention_atlas import bench_train
+from attention_atlas.experiments.performance import train_steps as bench_train
 from attention_atlas.models import FiberBundleConfig, ModelConfig
 from attention_atlas.train import TrainConfig, train
 from attention_atlas.train.checkpoint import RESUMABLE_CHANGES

@@ -46,7 +46,7 @@ def test_metric_parameters_of_attention_variants_are_not_decayed():
 
 
 def test_adamw_is_fused_on_a_gpu_and_the_multi_tensor_form_on_a_cpu():
-    from attention_atlas.train.loop import adamw_implementation
+    from attention_atlas.train.optim import adamw_implementation
 
     assert adamw_implementation(torch.device("cuda")) == {"fused": True}
     assert adamw_implementation(torch.device("cpu")) == {"foreach": True}
@@ -67,7 +67,7 @@ def test_adamw_on_a_cpu_gives_the_bits_of_the_single_tensor_loop_stored_results_
     """Three training steps of a small Fiber Bundle model (float32, weight decay on some groups,
     a warm-up schedule) with the CPU's AdamW and with ``foreach=False``: the same parameters and
     optimiser state, bit for bit."""
-    from attention_atlas.train.loop import adamw_implementation
+    from attention_atlas.train.optim import adamw_implementation
 
     states = []
     for kw in ({"foreach": False}, adamw_implementation(torch.device("cpu"))):

@@ -38,9 +38,9 @@ def test_the_renderer_adds_the_plotly_mimetype_only_when_interactive(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
-    monkeypatch.setattr(viz, "is_interactive", lambda: False)
+    monkeypatch.setattr(viz.render, "is_interactive", lambda: False)
     assert set(viz.AtlasRenderer().to_mimebundle(fig.to_dict())) == {"text/html"}
-    monkeypatch.setattr(viz, "is_interactive", lambda: True)
+    monkeypatch.setattr(viz.render, "is_interactive", lambda: True)
     bundle = viz.AtlasRenderer().to_mimebundle(fig.to_dict())
     assert bundle["application/vnd.plotly.v1+json"]["data"][0]["y"] == [3, 4]
     assert pio.renderers.default == "atlas"

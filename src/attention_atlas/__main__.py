@@ -37,15 +37,15 @@ from .validate import InputError, one_line
 
 #: command name -> module whose ``add_subcommand(subparsers)`` registers it
 COMMANDS: dict[str, str] = {
-    "notebooks": "attention_atlas.notebooks.cli",
-    "train": "attention_atlas.train.cli",
-    "bench": "attention_atlas.bench_cli",
-    "sweep": "attention_atlas.sweep",
-    "results": "attention_atlas.results_cli",
-    "data": "attention_atlas.data.cli",
-    "claims": "attention_atlas.claims",
-    "lab": "attention_atlas.lab",  # registers lab and serve
-    "serve": "attention_atlas.lab",
+    "notebooks": "attention_atlas.cli.notebooks",
+    "train": "attention_atlas.cli.train",
+    "bench": "attention_atlas.cli.bench",
+    "sweep": "attention_atlas.cli.sweep",
+    "results": "attention_atlas.cli.results",
+    "data": "attention_atlas.cli.data",
+    "claims": "attention_atlas.cli.claims",
+    "lab": "attention_atlas.cli.lab",
+    "serve": "attention_atlas.cli.serve",
 }
 
 #: exit status of bad input (as argparse uses), and of any other failure

@@ -1,4 +1,4 @@
-"""Named phases of a computation, for the step-cost profile of :mod:`attention_atlas.bench_train`.
+"""Named phases of a computation, for the step-cost profile of :mod:`attention_atlas.experiments.performance.train_steps`.
 
 ``with phase("metric_net"): ...`` opens a :func:`torch.profiler.record_function` range named
 ``"atlas:metric_net"`` while a profiler is recording, and does nothing otherwise (so the model

@@ -10,6 +10,7 @@ model name), ``cpu_id`` (:func:`cpu_id`), ``gpu``, torch ``threads``, ``platform
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -20,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Provenance", "cpu_id", "cpu_model", "environment", "format_duration", "git_state"]
+__all__ = [
+    "Provenance",
+    "cpu_id",
+    "cpu_model",
+    "environment",
+    "format_duration",
+    "git_state",
+    "package_version",
+    "versions",
+]
 
 
 def _cpuinfo(path: str | os.PathLike[str] = "/proc/cpuinfo") -> dict[str, str]:
@@ -64,13 +74,37 @@ def cpu_id(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
     return " ".join([info.get("vendor_id", "?"), ident, *isa])
 
 
+def package_version() -> str:
+    """This package's version, as installed (``"unknown"`` when it is not installed)."""
+    try:
+        return importlib.metadata.version("attention-atlas")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    """Versions of python, torch (and CUDA where a GPU is present), numpy, pandas, this package,
+    and the platform."""
+    import pandas as pd
+    import torch
+
+    gpu = torch.cuda.is_available()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "pandas": pd.__version__,
+        "attention_atlas": package_version(),
+        "platform": platform.platform(),
+        **({"cuda": str(torch.version.cuda)} if gpu else {}),
+    }
+
+
 def environment(*, used_cuda: bool) -> dict[str, Any]:
     """Where a cell ran (called in the worker): ``device`` (``"cuda"`` if the cell used the
     GPU, else ``"cpu"``), ``cpu`` and ``gpu`` names, ``cpu_id`` (:func:`cpu_id`), torch
     ``threads``, library ``versions``."""
     import torch
-
-    from . import __version__
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {
@@ -80,13 +114,7 @@ def environment(*, used_cuda: bool) -> dict[str, Any]:
         "gpu": gpu,
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "attention_atlas": __version__,
-            **({"cuda": torch.version.cuda} if gpu else {}),
-        },
+        "versions": versions(),
     }
 
 
@@ -107,8 +135,8 @@ def git_state(repo: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     or ``requirements.lock``: what can change a result).
 
     ``ATTENTION_ATLAS_GIT_COMMIT`` and ``ATTENTION_ATLAS_GIT_DIRTY`` (``0``/``1``), when set,
-    are taken instead of asking git: a copy of the working tree sent to another machine (a lent
-    GPU machine) carries no ``.git`` or a stale one, so ``benchmarks/device_prepare.sh`` records
+    are taken instead of asking git: a copy of the working tree sent to another machine (your
+    GPU machine) carries no ``.git`` or a stale one, so ``benchmarks/gpu_prepare.sh`` records
     them where the true checkout is. Outside a git checkout, without them: both None."""
     root = Path(repo) if repo is not None else Path(__file__).resolve().parents[2]
     if os.environ.get("ATTENTION_ATLAS_GIT_COMMIT") or not (root / ".git").exists():

@@ -14,13 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import (
-    Attention,
-    AttentionResult,
-    check_qkv,
-    combine_masks,
-    count_nonfinite,
-)
+from .base import Attention, AttentionResult, check_qkv, combine_masks, count_nonfinite
 
 __all__ = [
     "DotProductAttention",

@@ -13,11 +13,12 @@ import torch
 from torch import Tensor, nn
 
 from .base import Attention, AttentionResult
-from .registry import build_attention
+from .registry import build_attention, register_attention
 
 __all__ = ["MixedHeadAttention"]
 
 
+@register_attention("mixed")
 class MixedHeadAttention(Attention):
     """One attention layer whose heads are split among variants.
 
@@ -29,8 +30,6 @@ class MixedHeadAttention(Attention):
     built with ``n_heads=heads`` and the same ``head_dim``, whose own projections are removed
     (only its :meth:`attend` and any geometry parameters it adds are used).
     """
-
-    name = "mixed"
 
     def __init__(
         self, dim: int, n_heads: int, groups: list[dict[str, Any]] | None = None, **kwargs: Any

@@ -1,6 +1,6 @@
-"""The one registry: every attention variant, regulariser and diagnostic, by name.
+"""The attention registry: every attention variant, by name.
 
-The built-in entries are the three tables below, written out in full: a name maps to the
+The built-in entries are the table below, written out in full: a name maps to the
 ``"module:attribute"`` that implements it, imported on first use (so ``import attention_atlas``
 stays light and a missing module is an error, never silently skipped). A test imports every
 entry and checks that no :class:`~attention_atlas.attention.base.Attention` subclass of the
@@ -11,13 +11,11 @@ Your own code can add entries at run time (a test, a notebook, a user's model)::
     @register_attention("my_attention")
     class MyAttention(Attention): ...
 
-    @register_regularizer("my_penalty", needs_weights=True)
-    def my_penalty(model, output, batch, **options) -> Tensor: ...   # scalar, added to the loss
-
-    @register_diagnostic("my_stat")
-    def my_stat(model, output, batch, **options) -> dict[str, float]: ...  # logged at log steps
-
-A built-in name cannot be taken again.
+A built-in name cannot be taken again. ``"mixed"`` (heads split among variants, which it builds
+by name through this registry) registers itself the same way, from
+:mod:`attention_atlas.attention.mixed`, which the package front imports: a composite sits above
+the registry it looks names up in. The training hooks (regularisers and diagnostics, which
+take a model) are registered one layer up, in :mod:`attention_atlas.models.hooks`.
 """
 
 from __future__ import annotations
@@ -30,25 +28,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from torch import nn
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from .base import Attention
 
 __all__ = [
-    "DIAGNOSTICS",
-    "REGULARIZERS",
     "VARIANTS",
     "attention_class",
     "attention_options",
     "available_attention",
-    "available_diagnostics",
-    "available_regularizers",
     "build_attention",
-    "get_diagnostic",
-    "get_regularizer",
     "register_attention",
-    "register_diagnostic",
-    "register_regularizer",
 ]
 
 #: attention variant name -> "module:class"
@@ -60,43 +48,18 @@ VARIANTS: dict[str, str] = {
     "riemannian": "attention_atlas.attention.riemannian:RiemannianAttention",
     "fiber_bundle": "attention_atlas.attention.riemannian:FiberBundleAttention",
     "ssm": "attention_atlas.attention.sma.module:SSMAttention",
-    "mixed": "attention_atlas.attention.mixed:MixedHeadAttention",
 }
-
-#: regulariser name -> ("module:function", needs_weights). The function is
-#: ``fn(model, output, batch, **options) -> Tensor`` (a scalar added to the loss, times the
-#: spec's ``weight``); with ``needs_weights`` the training forward runs with
-#: ``need_weights=True`` so that ``output.attentions[l].probs`` exist.
-REGULARIZERS: dict[str, tuple[str, bool]] = {
-    "cofactor": ("attention_atlas.cofactor.penalty:regularizer", False),
-    "fiber_bundle": (
-        "attention_atlas.attention.riemannian.regularizers:fiber_bundle_regularizer",
-        False,
-    ),
-}
-
-#: diagnostic name -> "module:function"; ``fn(model, output, batch, **options) -> dict[str,
-#: float]``, called at each log step (eval mode, no grad) with ``need_weights=True``.
-DIAGNOSTICS: dict[str, str] = {
-    "cofactor": "attention_atlas.cofactor.diagnostics:diagnostic",
-    "fiber_bundle": "attention_atlas.attention.riemannian.diagnostics:fiber_bundle_diagnostic",
-}
-
-Regularizer = Callable[..., "Tensor"]
-Diagnostic = Callable[..., dict[str, float]]
 
 _ADDED_VARIANTS: dict[str, type[Attention]] = {}
-_ADDED_REGULARIZERS: dict[str, tuple[Regularizer, bool]] = {}
-_ADDED_DIAGNOSTICS: dict[str, Diagnostic] = {}
 
 
-def _resolve(target: str) -> Any:
+def resolve(target: str) -> Any:
     """Import ``"module:attribute"`` and return the attribute."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
-def _unknown(kind: str, name: str, known: list[str]) -> ValueError:
+def unknown(kind: str, name: str, known: list[str]) -> ValueError:
     return ValueError(f"unknown {kind} {name!r}; known: {', '.join(known) or '(none)'}")
 
 
@@ -128,8 +91,8 @@ def attention_class(name: str) -> type[Attention]:
     if name in _ADDED_VARIANTS:
         return _ADDED_VARIANTS[name]
     if name not in VARIANTS:
-        raise _unknown("attention variant", name, available_attention())
-    cls: type[Attention] = _resolve(VARIANTS[name])
+        raise unknown("attention variant", name, available_attention())
+    cls: type[Attention] = resolve(VARIANTS[name])
     return cls
 
 
@@ -175,61 +138,3 @@ def build_attention(name: str, **config: Any) -> Attention:
     if missing:
         raise ValueError(f"attention variant {name!r} needs option(s) {missing}")
     return cls(**config)
-
-
-# -- regularisers and diagnostics -------------------------------------------------------------
-
-
-def register_regularizer(
-    name: str, *, needs_weights: bool = False
-) -> Callable[[Regularizer], Regularizer]:
-    """Decorator: add a regulariser of your own (see :data:`REGULARIZERS` for the call)."""
-
-    def deco(fn: Regularizer) -> Regularizer:
-        taken = _ADDED_REGULARIZERS.get(name)
-        if name in REGULARIZERS or (taken is not None and taken[0] is not fn):
-            raise ValueError(f"regularizer {name!r} is already registered")
-        _ADDED_REGULARIZERS[name] = (fn, needs_weights)
-        return fn
-
-    return deco
-
-
-def register_diagnostic(name: str) -> Callable[[Diagnostic], Diagnostic]:
-    """Decorator: add a diagnostic of your own (see :data:`DIAGNOSTICS` for the call)."""
-
-    def deco(fn: Diagnostic) -> Diagnostic:
-        if name in DIAGNOSTICS or _ADDED_DIAGNOSTICS.get(name, fn) is not fn:
-            raise ValueError(f"diagnostic {name!r} is already registered")
-        _ADDED_DIAGNOSTICS[name] = fn
-        return fn
-
-    return deco
-
-
-def available_regularizers() -> list[str]:
-    return sorted({*REGULARIZERS, *_ADDED_REGULARIZERS})
-
-
-def available_diagnostics() -> list[str]:
-    return sorted({*DIAGNOSTICS, *_ADDED_DIAGNOSTICS})
-
-
-def get_regularizer(name: str) -> tuple[Regularizer, bool]:
-    """``(fn, needs_weights)`` of regulariser ``name``."""
-    if name in _ADDED_REGULARIZERS:
-        return _ADDED_REGULARIZERS[name]
-    if name not in REGULARIZERS:
-        raise _unknown("regularizer", name, available_regularizers())
-    target, needs_weights = REGULARIZERS[name]
-    return _resolve(target), needs_weights
-
-
-def get_diagnostic(name: str) -> Diagnostic:
-    """The function of diagnostic ``name``."""
-    if name in _ADDED_DIAGNOSTICS:
-        return _ADDED_DIAGNOSTICS[name]
-    if name not in DIAGNOSTICS:
-        raise _unknown("diagnostic", name, available_diagnostics())
-    fn: Diagnostic = _resolve(DIAGNOSTICS[name])
-    return fn

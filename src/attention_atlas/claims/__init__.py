@@ -8,39 +8,26 @@ one by :func:`attention_atlas.stats.verdict` on stored results (a declared small
 interest, a control, at least three seeds, an interval, and the training scale).
 
 ``python -m attention_atlas claims [--json] [--seed S] [--smoke]`` prints the register with its
-outcomes; chapter 10 shows it.
+outcomes (:mod:`attention_atlas.cli.claims`); chapter 10 shows it.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
-import sys
 from dataclasses import asdict
-from typing import Any
 
 import pandas as pd
 
-from ..stats import OUTCOMES
-from . import cofactor, matroidal, riemannian, sma
-from .core import (  # C1 ... C9: the stems of the chapters that test claims
+from attention_atlas.verdicts import (
     BIGRAM_BPC,
-    C1,
-    C2,
-    C3,
-    C4,
-    C5,
-    C6,
-    C7,
-    C9,
-    SEEDS,
-    Claim,
     Outcome,
     TrainingScale,
     outcome_from_check,
     outcome_from_verdict,
 )
+
+from . import cofactor, matroidal, riemannian, sma
+from .core import C1, C2, C3, C4, C5, C6, C7, C9, SEEDS, Claim
 
 __all__ = [
     "BIGRAM_BPC",
@@ -57,7 +44,6 @@ __all__ = [
     "Claim",
     "Outcome",
     "TrainingScale",
-    "add_subcommand",
     "claim",
     "evaluate",
     "outcome_from_check",
@@ -117,32 +103,3 @@ def register(*, smoke: bool = False, seed: str | None = None) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
-
-
-def add_subcommand(subparsers: Any) -> None:
-    """Register ``claims`` on the command line (see :mod:`attention_atlas.__main__`)."""
-    p = subparsers.add_parser(
-        "claims",
-        help="the claims register: every claim of the seeds, its test and its outcome",
-        description="Evaluate and print the claims register (mathematical checks run now; "
-        "empirical outcomes come from the stored results).",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--seed", choices=sorted(SEEDS), help="only the claims of this seed")
-    p.add_argument("--smoke", action="store_true", help="toy sizes for the computed checks")
-    p.set_defaults(func=_cli_claims)
-
-
-def _cli_claims(args: argparse.Namespace) -> int:
-    df = register(smoke=args.smoke, seed=args.seed)
-    if args.json:
-        json.dump(df.to_dict(orient="records"), sys.stdout, indent=1, default=str)
-        print()
-        return 0
-    for seed, g in df.groupby("seed", sort=False):
-        print(f"\n{SEEDS[str(seed)][0]} ({SEEDS[str(seed)][1]})")
-        for r in g.itertuples():
-            print(f"  [{r.outcome:>12}] {r.key:<32} {r.source}: {r.summary}")
-    counts = df["outcome"].value_counts()
-    print("\n" + ", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES))
-    return 0

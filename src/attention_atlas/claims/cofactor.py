@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .core import C6, C9, SWEEP_COF, SWEEP_ZOO, ZOO_SECTION, Claim, _c
+from .core import C6, C9, SWEEP_COF, SWEEP_ZOO, ZOO_SECTION, Claim, claim_entry
 
 CLAIMS: list[Claim] = [
     # -- Cofactor-stable attention (arXiv:2607.02843) ----------------------------------------
-    _c(
+    claim_entry(
         "cofactor/left-null",
         "Mathematical statement",
         "theorem",
@@ -15,7 +15,7 @@ CLAIMS: list[Claim] = [
         "1. The identities, over four families of attention matrices",
         "cofactor",
     ),
-    _c(
+    claim_entry(
         "cofactor/margin",
         "Key formulas",
         "theorem",
@@ -24,7 +24,7 @@ CLAIMS: list[Claim] = [
         "1. The identities, over four families of attention matrices",
         "cofactor",
     ),
-    _c(
+    claim_entry(
         "cofactor/stationary",
         "Mathematical statement",
         "theorem",
@@ -34,7 +34,7 @@ CLAIMS: list[Claim] = [
         "1. The identities, over four families of attention matrices",
         "cofactor",
     ),
-    _c(
+    claim_entry(
         "cofactor/reducible",
         "Idea description",
         "hypothesis",
@@ -43,7 +43,7 @@ CLAIMS: list[Claim] = [
         "2. Nearly reducible attention: what happens as the coupling goes to zero",
         "cofactor",
     ),
-    _c(
+    claim_entry(
         "cofactor/margin-rewards-mixing",
         "Key formulas: the regulariser",
         "hypothesis",
@@ -52,7 +52,7 @@ CLAIMS: list[Claim] = [
         "What the margin term rewards",
         "cofactor",
     ),
-    _c(
+    claim_entry(
         "cofactor/power",
         "Implementation notes",
         "algorithm",
@@ -61,7 +61,7 @@ CLAIMS: list[Claim] = [
         "3. Three methods: error and time against $n$",
         "cofactor",
     ),
-    _c(
+    claim_entry(
         "cofactor/decoder",
         "Implementation notes",
         "hypothesis",
@@ -70,7 +70,7 @@ CLAIMS: list[Claim] = [
         "Causal attention: token 0 absorbs all the mass",
         "cofactor",
     ),
-    _c(
+    claim_entry(
         "cofactor/disconnected",
         "Implementation notes: success",
         "hypothesis",
@@ -80,7 +80,7 @@ CLAIMS: list[Claim] = [
         "cofactor",
         SWEEP_COF,
     ),
-    _c(
+    claim_entry(
         "cofactor/spikes",
         "Implementation notes: success",
         "hypothesis",
@@ -90,7 +90,7 @@ CLAIMS: list[Claim] = [
         "cofactor",
         SWEEP_COF,
     ),
-    _c(
+    claim_entry(
         "cofactor/accuracy",
         "Implementation notes: success",
         "hypothesis",
@@ -100,7 +100,7 @@ CLAIMS: list[Claim] = [
         "cofactor",
         SWEEP_COF,
     ),
-    _c(
+    claim_entry(
         "cofactor/zoo-spikes",
         "Implementation notes: success",
         "hypothesis",
@@ -111,7 +111,7 @@ CLAIMS: list[Claim] = [
         "zoo",
         SWEEP_ZOO,
     ),
-    _c(
+    claim_entry(
         "cofactor/zoo-accuracy",
         "Implementation notes: success",
         "hypothesis",

@@ -1,12 +1,18 @@
-"""The claim and outcome types, the training-scale gate, and the helpers the register's
-four seed lists use (:func:`_c`, chapter stems, long-sweep commands)."""
+"""The claim type and the helpers the register's four seed lists use (:func:`claim_entry`,
+chapter stems, long-sweep commands). The outcome types and the training-scale gate live one
+layer down, in :mod:`attention_atlas.verdicts`, where the experiments that compute them reach."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from ..stats import OUTCOMES, Interval, Verdict
+from attention_atlas.verdicts import (
+    BIGRAM_BPC,
+    Outcome,
+    TrainingScale,
+    outcome_from_check,
+    outcome_from_verdict,
+)
 
 #: seed key -> (title, citation)
 SEEDS: dict[str, tuple[str, str]] = {
@@ -44,104 +50,7 @@ class Claim:
     command: str  # the command that reproduces the evidence
 
 
-@dataclass
-class Outcome:
-    """What the book found for one claim."""
-
-    outcome: str  # one of stats.OUTCOMES
-    summary: str  # one computed sentence: the evidence
-    effect: Interval | None = None  # the measured effect, for empirical claims
-    sesoi: float | None = None  # the declared smallest effect of interest
-    scale: str | None = None  # training scale: steps, tokens, dot-baseline bpc
-    evidence: str = "computed"  # "computed now" or the stored results' provenance
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
-
-
-#: a character-level model above this many bits per character has learned little beyond bigram
-#: statistics (a char-PTB bigram model is at about 3.2 to 3.4 bpc): its runs decide nothing
-BIGRAM_BPC = 3.0
-
-
-@dataclass(frozen=True)
-class TrainingScale:
-    """The scale a training verdict rests on, stated beside it.
-
-    ``metric`` is the baseline's quality measure at the same budget: ``"bpc"`` (lower is
-    better; a character-level LM) or ``"acc"`` (higher is better; ``chance`` is its chance level).
-    """
-
-    steps: int  # optimiser steps per run
-    tokens: int  # training tokens (or examples) seen per run
-    seeds: int  # runs per arm
-    baseline: float  # the dot-product baseline's final value of ``metric``
-    metric: str = "bpc"
-    chance: float | None = None
-    what: str = "dot-product baseline"
-
-    def __post_init__(self) -> None:
-        if self.metric not in ("bpc", "acc"):
-            raise ValueError(f"metric must be 'bpc' or 'acc', got {self.metric!r}")
-        if self.metric == "acc" and self.chance is None:
-            raise ValueError("an accuracy scale needs its chance level")
-
-    @property
-    def decisive(self) -> bool:
-        """Whether runs at this scale may support or contradict a claim: a char-LM baseline at
-        or below :data:`BIGRAM_BPC`; a classifier at least halfway from chance to perfect."""
-        if self.metric == "bpc":
-            return self.baseline <= BIGRAM_BPC
-        assert self.chance is not None
-        return self.baseline >= (1 + self.chance) / 2
-
-    def text(self) -> str:
-        unit = "bpc" if self.metric == "bpc" else "accuracy"
-        return (
-            f"{self.steps:,} steps, {self.tokens:,} tokens per run, {self.seeds} seeds; "
-            f"{self.what} at {self.baseline:.3g} {unit}"
-        )
-
-    def reason(self) -> str:
-        """Why runs at this scale decide nothing (empty when :attr:`decisive`)."""
-        if self.decisive:
-            return ""
-        if self.metric == "bpc":
-            return (
-                f"the {self.what} is at {self.baseline:.2f} bpc, above {BIGRAM_BPC:g} bpc (the "
-                "bigram regime): models at this scale have barely started learning"
-            )
-        return (
-            f"the {self.what} is at {self.baseline:.2f} accuracy, less than halfway from chance "
-            f"({self.chance:.2f}) to perfect"
-        )
-
-
-def outcome_from_check(passed: bool, supported: str, contradicted: str, **kw: Any) -> Outcome:
-    """An exact (float64) check of a mathematical claim: *supported* with the sentence
-    ``supported`` when it passes, else *contradicted* with ``contradicted``."""
-    return Outcome(
-        "supported" if passed else "contradicted", supported if passed else contradicted, **kw
-    )
-
-
-def outcome_from_verdict(
-    v: Verdict, what: str, *, scale: TrainingScale | None, **kw: Any
-) -> Outcome:
-    """An empirical claim decided by :func:`attention_atlas.stats.verdict`; ``what`` names the
-    effect ("paired difference of validation bpc, FBT minus dot"). A training verdict passes its
-    :class:`TrainingScale`: at a scale that is not :attr:`~TrainingScale.decisive` the outcome is
-    *not tested* whatever the interval says (the interval is still reported)."""
-    scale_text = None if scale is None else scale.text()
-    if scale is not None and not scale.decisive and v.outcome in ("supported", "contradicted"):
-        summary = f"{what}: {v.reason}; not decisive, since {scale.reason()}"
-        return Outcome("not tested", summary, v.effect, v.sesoi, scale_text, **kw)
-    return Outcome(v.outcome, f"{what}: {v.reason}", v.effect, v.sesoi, scale_text, **kw)
-
-
-def _c(key: str, source: str, kind: str, statement: str, chapter: str, section: str,
+def claim_entry(key: str, source: str, kind: str, statement: str, chapter: str, section: str,
        module: str, command: str | None = None) -> Claim:  # fmt: skip
     seed = key.split("/", 1)[0]
     cmd = command or f"python -m attention_atlas notebooks run {chapter}"
@@ -160,3 +69,15 @@ SWEEP_MAT = "python -m attention_atlas sweep matroidal --preset long"
 SWEEP_COF = "python -m attention_atlas sweep cofactor --preset long --seeds 0 1 2 3 4"
 SWEEP_ZOO = "python -m attention_atlas sweep zoo --preset long"
 ZOO_SECTION = "5. Stability and data efficiency against the dot control"
+
+__all__ = [
+    "BIGRAM_BPC",
+    "Claim",
+    "KINDS",
+    "Outcome",
+    "SEEDS",
+    "TrainingScale",
+    "claim_entry",
+    "outcome_from_check",
+    "outcome_from_verdict",
+]

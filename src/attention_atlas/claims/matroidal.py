@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .core import C5, C9, SWEEP_MAT, SWEEP_ZOO, ZOO_SECTION, Claim, _c
+from .core import C5, C9, SWEEP_MAT, SWEEP_ZOO, ZOO_SECTION, Claim, claim_entry
 
 CLAIMS: list[Claim] = [
     # -- Matroidal Mahalanobis attention ---------------------------------------------------
-    _c(
+    claim_entry(
         "matroidal/unimodular",
         "(1), (3): graph-incidence support",
         "theorem",
@@ -15,7 +15,7 @@ CLAIMS: list[Claim] = [
         "1. Covector matrices and their unimodular support",
         "matroidal",
     ),
-    _c(
+    claim_entry(
         "matroidal/psd",
         "(2), (3): x^T M x",
         "identity",
@@ -25,7 +25,7 @@ CLAIMS: list[Claim] = [
         "2. The paper's side: nonnegative weights and the rank-one decomposition",
         "matroidal",
     ),
-    _c(
+    claim_entry(
         "matroidal/fast-path",
         "(2) pseudocode",
         "algorithm",
@@ -34,7 +34,7 @@ CLAIMS: list[Claim] = [
         "3. The fast path is the pseudocode",
         "matroidal",
     ),
-    _c(
+    claim_entry(
         "matroidal/loss",
         "(4) hypothesis",
         "hypothesis",
@@ -45,7 +45,7 @@ CLAIMS: list[Claim] = [
         "matroidal",
         SWEEP_MAT,
     ),
-    _c(
+    claim_entry(
         "matroidal/low-data",
         "(4) hypothesis",
         "hypothesis",
@@ -55,7 +55,7 @@ CLAIMS: list[Claim] = [
         "matroidal",
         SWEEP_MAT,
     ),
-    _c(
+    claim_entry(
         "matroidal/smoother",
         "(4) success criteria",
         "hypothesis",
@@ -66,7 +66,7 @@ CLAIMS: list[Claim] = [
         "matroidal",
         SWEEP_MAT,
     ),
-    _c(
+    claim_entry(
         "matroidal/stability",
         "(4) success criteria",
         "hypothesis",
@@ -76,7 +76,7 @@ CLAIMS: list[Claim] = [
         "matroidal",
         SWEEP_MAT,
     ),
-    _c(
+    claim_entry(
         "matroidal/m",
         "(3), (4): the number of columns m",
         "hypothesis",
@@ -86,7 +86,7 @@ CLAIMS: list[Claim] = [
         "matroidal",
         SWEEP_MAT,
     ),
-    _c(
+    claim_entry(
         "matroidal/pruning",
         "(3): pruning",
         "hypothesis",
@@ -96,7 +96,7 @@ CLAIMS: list[Claim] = [
         "matroidal",
         SWEEP_MAT,
     ),
-    _c(
+    claim_entry(
         "matroidal/zoo-stability",
         "(4) success criteria",
         "hypothesis",
@@ -107,7 +107,7 @@ CLAIMS: list[Claim] = [
         "zoo",
         SWEEP_ZOO,
     ),
-    _c(
+    claim_entry(
         "matroidal/zoo-low-data",
         "(4) hypothesis",
         "hypothesis",

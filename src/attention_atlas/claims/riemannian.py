@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .core import C1, C2, C3, C4, SWEEP_FBT, Claim, _c
+from .core import C1, C2, C3, C4, SWEEP_FBT, Claim, claim_entry
 
 CLAIMS: list[Claim] = [
     # -- Riemannian attention (arXiv:2608.01283) -------------------------------------------
-    _c(
+    claim_entry(
         "riemannian/thm-2.2",
         "Theorem 2.2 (Dong et al. 2021)",
         "theorem",
@@ -16,7 +16,7 @@ CLAIMS: list[Claim] = [
         "Rank collapse in pure attention stacks",
         "rank_collapse",
     ),
-    _c(
+    claim_entry(
         "riemannian/thm-3.2",
         "Theorem 3.2",
         "theorem",
@@ -26,7 +26,7 @@ CLAIMS: list[Claim] = [
         "Many draws, every metric rank",
         "non_gram",
     ),
-    _c(
+    claim_entry(
         "riemannian/thm-3.2-homogeneous",
         "Theorem 3.2 (edge case)",
         "theorem",
@@ -35,7 +35,7 @@ CLAIMS: list[Claim] = [
         "The edge case: identical metrics are a Gram matrix in disguise",
         "non_gram",
     ),
-    _c(
+    claim_entry(
         "riemannian/cor-3.3",
         "Corollary 3.3",
         "theorem",
@@ -45,7 +45,7 @@ CLAIMS: list[Claim] = [
         "Corollary 3.3: row-stochastic, but not a softmax of a Gram form",
         "non_gram",
     ),
-    _c(
+    claim_entry(
         "riemannian/prop-3.5",
         "Proposition 3.5, eq. (12)",
         "proposition",
@@ -55,7 +55,7 @@ CLAIMS: list[Claim] = [
         "Proposition 3.5 and eq. (13) on random instances",
         "rank_collapse",
     ),
-    _c(
+    claim_entry(
         "riemannian/conj-3.6",
         "Conjecture 3.6",
         "conjecture",
@@ -65,7 +65,7 @@ CLAIMS: list[Claim] = [
         "Where does the spectrum of $A$ move? (Conjecture 3.6)",
         "rank_collapse",
     ),
-    _c(
+    claim_entry(
         "riemannian/conj-3.6-sub",
         "Conjecture 3.6 (sub-critical regime)",
         "conjecture",
@@ -75,7 +75,7 @@ CLAIMS: list[Claim] = [
         "Metrics that do not follow the tokens: Conjectures 3.4 and 3.6 in deep stacks",
         "rank_collapse",
     ),
-    _c(
+    claim_entry(
         "riemannian/conj-3.4",
         "Conjecture 3.4",
         "conjecture",
@@ -85,16 +85,16 @@ CLAIMS: list[Claim] = [
         "Metrics that do not follow the tokens: Conjectures 3.4 and 3.6 in deep stacks",
         "rank_collapse",
     ),
-    _c(
+    claim_entry(
         "riemannian/prop-4.1",
         "Proposition 4.1, eq. (14)",
         "proposition",
         "The inverse metric (I + U U^T)^-1 is given by Woodbury in O(d r^2).",
         C3,
         "Woodbury against a dense solve at d = 1024, r = 8",
-        "riemannian_cost",
+        "low_rank",
     ),
-    _c(
+    claim_entry(
         "riemannian/prop-4.2",
         "Proposition 4.2, eq. (15)-(16)",
         "identity",
@@ -102,18 +102,18 @@ CLAIMS: list[Claim] = [
         "terms, each decomposed into per-token and pairwise parts.",
         C3,
         "The identities, in float64",
-        "riemannian_cost",
+        "low_rank",
     ),
-    _c(
+    claim_entry(
         "riemannian/prop-4.2-cost",
         "Proposition 4.2 (cost)",
         "cost",
         "The pairwise term (U_i^T q_i).(U_i^T k_j) of eq. (16) costs O(r) per pair.",
         C3,
         "Counting the work per pair",
-        "riemannian_cost",
+        "low_rank",
     ),
-    _c(
+    claim_entry(
         "riemannian/prop-4.3",
         "Proposition 4.3",
         "cost",
@@ -121,9 +121,9 @@ CLAIMS: list[Claim] = [
         "O(r/d), negligible for r << d.",
         C3,
         "Counting the work per pair",
-        "riemannian_cost",
+        "low_rank",
     ),
-    _c(
+    claim_entry(
         "riemannian/eq-25",
         "Section 5.6, eq. (25)",
         "identity",
@@ -132,7 +132,7 @@ CLAIMS: list[Claim] = [
         "Transport: how far is $P = I + \\Delta$ from an isometry?",
         "fiber_bundle",
     ),
-    _c(
+    claim_entry(
         "riemannian/P1",
         "Prediction P1 (from Conjecture 3.6)",
         "prediction",
@@ -143,7 +143,7 @@ CLAIMS: list[Claim] = [
         "fiber_bundle",
         SWEEP_FBT,
     ),
-    _c(
+    claim_entry(
         "riemannian/P2",
         "Prediction P2, Proposition 6.2",
         "prediction",
@@ -154,7 +154,7 @@ CLAIMS: list[Claim] = [
         "fiber_bundle",
         SWEEP_FBT,
     ),
-    _c(
+    claim_entry(
         "riemannian/P3",
         "Prediction P3, Conjecture 6.3",
         "prediction",
@@ -165,7 +165,7 @@ CLAIMS: list[Claim] = [
         "fiber_bundle",
         SWEEP_FBT,
     ),
-    _c(
+    claim_entry(
         "riemannian/eq-34",
         "Section 6.4, eq. (34)",
         "hypothesis",
@@ -175,7 +175,7 @@ CLAIMS: list[Claim] = [
         "The cap of eq. (34): does it bound the metric?",
         "fiber_bundle",
     ),
-    _c(
+    claim_entry(
         "riemannian/P4",
         "Prediction P4, Conjecture 6.1",
         "prediction",
@@ -186,7 +186,7 @@ CLAIMS: list[Claim] = [
         "fiber_bundle",
         SWEEP_FBT,
     ),
-    _c(
+    claim_entry(
         "riemannian/P5",
         "Prediction P5",
         "prediction",
@@ -197,7 +197,7 @@ CLAIMS: list[Claim] = [
         "fiber_bundle",
         SWEEP_FBT,
     ),
-    _c(
+    claim_entry(
         "riemannian/P6",
         "Prediction P6, Conjecture 6.4",
         "prediction",
@@ -207,7 +207,7 @@ CLAIMS: list[Claim] = [
         "fiber_bundle",
         SWEEP_FBT,
     ),
-    _c(
+    claim_entry(
         "riemannian/overhead",
         "Abstract, Section 4.3",
         "cost",

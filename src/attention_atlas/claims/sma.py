@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from .core import C7, Claim, _c
+from .core import C7, Claim, claim_entry
 
 CLAIMS: list[Claim] = [
     # -- SSMs as structured masked attention (Paltorp 2025) -----------------------------------
-    _c(
+    claim_entry(
         "sma/low-rank-mask",
         "Masked attention, rank-p mask",
         "identity",
         "(L o B) x = sum_i D(u_i) B D(v_i) x for a rank-p mask L = U V^T: p products with B.",
         C7,
         "1. Masked attention and the low-rank mask identity",
-        "sma_checks",
+        "sma",
     ),
-    _c(
+    claim_entry(
         "sma/ssm-semiseparable",
         "Section 1",
         "identity",
@@ -23,9 +23,9 @@ CLAIMS: list[Claim] = [
         "time for a fixed state size.",
         C7,
         "2. The state-space model as structured matrices",
-        "sma_checks",
+        "sma",
     ),
-    _c(
+    claim_entry(
         "sma/ssm-is-sma",
         "Section 2",
         "identity",
@@ -33,18 +33,18 @@ CLAIMS: list[Claim] = [
         "C^T A^-1 B = (C B^T) o a^-1.",
         C7,
         "3. Scalar dynamics: the SSM is structured masked attention",
-        "sma_checks",
+        "sma",
     ),
-    _c(
+    claim_entry(
         "sma/sum-of-sma",
         "Section 2",
         "identity",
         "Independent but different per-state dynamics give a sum of masked attentions.",
         C7,
         "3. Scalar dynamics: the SSM is structured masked attention",
-        "sma_checks",
+        "sma",
     ),
-    _c(
+    claim_entry(
         "sma/generators",
         "Section 2, semiseparable generators",
         "algorithm",
@@ -52,15 +52,15 @@ CLAIMS: list[Claim] = [
         "u_t = a_1 ... a_{t-1}, v_t = 1/u_t computes the SSM in time linear in T.",
         C7,
         "4. The fast product, and where the generator representation breaks",
-        "sma_checks",
+        "sma",
     ),
-    _c(
+    claim_entry(
         "sma/ssd-linear",
         "SSD (Mamba-2) as SMA",
         "cost",
         "The chunked (SSD) algorithm computes the same output in time linear in the length.",
         C7,
         "5. SSD three ways: recurrence, masked attention, chunks",
-        "sma_checks",
+        "sma",
     ),
 ]

@@ -50,18 +50,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..linalg import serial_lu
+from attention_atlas.linalg import serial_lu
 
 __all__ = [
     "METHODS",
     "CofactorResult",
     "laplacian",
     "lu_cofactors",
+    "lu_logdet",
+    "minors_cofactors",
     "power_stationary",
     "principal_cofactors",
+    "shifted_laplacian",
     "stability_margin",
     "stationary_distribution",
     "validate_stochastic",
+    "with_fallback",
 ]
 
 METHODS = ("minors", "lu", "power")
@@ -125,7 +129,7 @@ def laplacian(A: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------
 # the three methods
 # --------------------------------------------------------------------------------------------
-def _minors_cofactors(A: Tensor) -> Tensor:
+def minors_cofactors(A: Tensor) -> Tensor:
     """Reference: ``c_i = det(L_{-i,-i})`` by one determinant per minor. ``(..., n)``."""
     L = laplacian(A)
     n = L.shape[-1]
@@ -165,7 +169,7 @@ class CofactorResult:
         return self.margin.unsqueeze(-1) * self.x
 
 
-def _shifted_laplacian(A: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+def shifted_laplacian(A: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """``M = L + 1 1^T / n`` with ``L`` as :func:`laplacian` (off-diagonal row sums on the
     diagonal), in ``dtype`` (default ``A``'s), built in place on one copy of ``A``:
     ``M = 1/n - offdiag(A)``, then ``M_ii += sum_{j != i} A_ij``."""
@@ -178,7 +182,7 @@ def _shifted_laplacian(A: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return M
 
 
-def _lu_logdet(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def lu_logdet(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """LU of ``M (..., n, n)``: ``(LU, pivots, log|det|, numerically singular)``.
 
     Numerically singular: a pivot below ``n eps`` times the largest (``rank L < n - 1`` to
@@ -198,7 +202,7 @@ def _lu_logdet(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def _lu_parts(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """LU of ``M (..., n, n)``: ``(LU, pivots, sign det, log|det|, numerically singular)``."""
     n = M.shape[-1]
-    LU, piv, logabsdet, singular = _lu_logdet(M)
+    LU, piv, logabsdet, singular = lu_logdet(M)
     ar = torch.arange(1, n + 1, device=M.device, dtype=piv.dtype)
     n_swaps = (piv != ar).sum(-1)
     diag = LU.diagonal(dim1=-2, dim2=-1).detach()
@@ -219,7 +223,7 @@ def lu_cofactors(A: Tensor) -> CofactorResult:
         A: ``(..., n, n)`` row-stochastic (not validated here).
     """
     n = A.shape[-1]
-    M = _shifted_laplacian(A)  # M = L + 1 w^T with w = 1/n
+    M = shifted_laplacian(A)  # M = L + 1 w^T with w = 1/n
     LU, piv, sign, logabsdet, singular = _lu_parts(M)
     if bool(singular.any()):  # refactorise with the singular ones replaced (rare)
         eye = torch.eye(n, dtype=A.dtype, device=A.device)
@@ -302,15 +306,15 @@ def principal_cofactors(
     if check:
         validate_stochastic(A, atol=atol)
     if method == "minors":
-        return _minors_cofactors(A)
+        return minors_cofactors(A)
     if method == "power":
         pi, _, _ = power_stationary(A, tol=power_tol, max_iter=power_max_iter)
         return stability_margin(A, check=False).unsqueeze(-1) * pi
     res = lu_cofactors(A)
-    return _with_fallback(A, res.cofactors, res.singular)
+    return with_fallback(A, res.cofactors, res.singular)
 
 
-def _with_fallback(A: Tensor, c: Tensor, singular: Tensor) -> Tensor:
+def with_fallback(A: Tensor, c: Tensor, singular: Tensor) -> Tensor:
     """Replace the LU cofactors of singular matrices by the reference minors (a decision made
     without gradient; the minors' values are exact, their gradients are torch's ``det``'s)."""
     if not bool(singular.any()):
@@ -318,7 +322,7 @@ def _with_fallback(A: Tensor, c: Tensor, singular: Tensor) -> Tensor:
     batch = A.shape[:-2]
     n = A.shape[-1]
     Af, cf, bad = A.reshape(-1, n, n), c.reshape(-1, n), singular.reshape(-1)
-    cf = cf.masked_fill(bad.unsqueeze(-1), 0.0).index_put((bad,), _minors_cofactors(Af[bad]))
+    cf = cf.masked_fill(bad.unsqueeze(-1), 0.0).index_put((bad,), minors_cofactors(Af[bad]))
     return cf.reshape(*batch, n)
 
 
@@ -355,6 +359,6 @@ def stationary_distribution(
     if method == "power":
         return power_stationary(A, tol=power_tol, max_iter=power_max_iter)[0]
     if method == "minors":
-        c = _minors_cofactors(A)
+        c = minors_cofactors(A)
         return c / c.sum(-1, keepdim=True)
     return lu_cofactors(A).x

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..attention.dot import DotProductAttention
+from attention_atlas.attention.dot import DotProductAttention
 
 __all__ = [
     "attention_probs",
@@ -125,7 +125,7 @@ def head_qk(
     if found is None:
         return None
     hidden, blocks, chosen, idx, temperature = found
-    qk = _forward_qk(output, chosen, idx, max_items)
+    qk = forward_qk(output, chosen, idx, max_items)
     if qk is None:
         qk = _recomputed_qk(blocks, hidden, chosen, idx, max_items)
     q, k = qk
@@ -216,7 +216,7 @@ def head_probs(
         layers, heads: as :func:`select_heads` (the same heads in every layer).
         max_items: only the first ``max_items`` batch items.
     """
-    from ..attention.dot import masked_softmax
+    from attention_atlas.attention.dot import masked_softmax
 
     logits = head_logits(model, output, layers=layers, heads=heads, max_items=max_items)
     causal = bool(model.cfg.is_causal)
@@ -252,7 +252,7 @@ def _forward_extras(output: Any, chosen: list[int]) -> list[dict[str, Tensor]] |
     return extras
 
 
-def _forward_qk(
+def forward_qk(
     output: Any, chosen: list[int], idx: list[int], max_items: int | None
 ) -> tuple[Tensor, Tensor] | None:
     """The chosen heads' queries and keys ``(layers, B, h, L, d)`` as the forward computed them

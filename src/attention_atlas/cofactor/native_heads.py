@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from .. import native
+from attention_atlas import native
 
 __all__ = ["CausalHeadsPenalty", "HeadMatrices", "heads_penalty", "inplace_grads"]
 

@@ -52,14 +52,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from .. import native
-from .cofactors import (
-    _lu_logdet,
-    _minors_cofactors,
-    _shifted_laplacian,
-    _with_fallback,
-    lu_cofactors,
-)
+from attention_atlas import native
+
+from .cofactors import lu_cofactors, lu_logdet, minors_cofactors, shifted_laplacian, with_fallback
 from .heads import attention_probs, head_probs, head_qk, head_qk_views, select_heads
 from .native_heads import CausalHeadsPenalty, HeadMatrices, heads_penalty, inplace_grads_on
 
@@ -96,7 +91,7 @@ class FastPenalty(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, A: Tensor, beta: float, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         n = A.shape[-1]
-        LU, piv, logm, singular = _lu_logdet(_shifted_laplacian(A, torch.float64))
+        LU, piv, logm, singular = lu_logdet(shifted_laplacian(A, torch.float64))
         Minv = None
         if ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
             eye = torch.eye(n, dtype=LU.dtype, device=A.device).expand_as(LU)
@@ -142,7 +137,7 @@ def _lu_autograd(A64: Tensor) -> tuple[Tensor, Tensor]:
     """``(log|m|, c)`` by :func:`lu_cofactors` under torch's autograd, the minors for singular
     matrices."""
     res = lu_cofactors(A64)
-    c = _with_fallback(A64, res.cofactors, res.singular)
+    c = with_fallback(A64, res.cofactors, res.singular)
     logabs = res.logabsdet
     if bool(res.singular.any()):
         tiny = torch.finfo(torch.float64).tiny
@@ -324,7 +319,7 @@ def _penalty(A: Tensor, beta: float, eps: float, method: str, reduce: str, causa
     if method == "lu-autograd":
         logabs, c = _lu_autograd(A.to(torch.float64))
     else:
-        c = _minors_cofactors(A.to(torch.float64))
+        c = minors_cofactors(A.to(torch.float64))
         logabs = c.sum(-1).abs().clamp_min(torch.finfo(torch.float64).tiny).log()
     log_eps = torch.full_like(logabs, math.log(eps))
     loss = -torch.logaddexp(logabs, log_eps)  # -log(|m| + eps)  (seed's penalty)

@@ -16,21 +16,18 @@ subsets, :func:`load_task`), :mod:`.mqar` (multi-query associative recall), :mod
 
 from __future__ import annotations
 
+from .catalog import TASKS, check_task, load_task, task_options
 from .corpora import TextCorpus, Vocab, load_char_ptb, load_wikitext2, load_word_ptb
 from .files import ENV_VAR, FILES, DataFileError, FileSpec, char_ptb_from_word, data_dir, data_file
 from .mqar import mqar_task
 from .samplers import RowSampler, WindowSampler, eval_windows, make_sampler
 from .tasks import (
     IGNORE_INDEX,
-    TASKS,
     ArrayTask,
     associative_recall_task,
-    check_task,
     copy_task,
     load_digits_patches,
-    load_task,
     subset,
-    task_options,
 )
 
 __all__ = [

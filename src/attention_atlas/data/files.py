@@ -18,8 +18,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_path
-from ..validate import InputError
+from attention_atlas.atomic import atomic_path
+from attention_atlas.validate import InputError
 
 __all__ = [
     "ENV_VAR",

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..validate import ConfigError
+from attention_atlas.validate import ConfigError
+
 from .tasks import IGNORE_INDEX, ArrayTask
 
 __all__ = ["QUERY_DISTRIBUTIONS", "chance_levels", "check_mqar", "mqar_arrays", "mqar_task"]

@@ -26,15 +26,15 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .. import claims
-from ..attention.riemannian import (
+from attention_atlas import verdicts
+from attention_atlas.attention.riemannian import (
     augmented_dim,
     geodesic_attention_reference,
     geodesic_features,
     geodesic_scores,
     token_metric,
 )
-from ..linalg import numerical_rank, singular_values
+from attention_atlas.linalg import numerical_rank, singular_values
 
 __all__ = [
     "BOOK",
@@ -322,12 +322,12 @@ SMOKE: dict[str, Any] = {"dims": [2, 3, 4], "ranks": [1, 2], "n_draws": 3, "focu
 
 def chapter_outcomes(
     draws: pd.DataFrame, gram_form: dict[str, float], check: pd.DataFrame, *, d_gram: int
-) -> dict[str, claims.Outcome]:
+) -> dict[str, verdicts.Outcome]:
     """The outcome of every chapter-1 claim from the chapter's runs: ``draws``
     (:func:`rank_draws`), ``gram_form`` (:func:`homogeneous_gram_form` at width ``d_gram``) and
     ``check`` (:func:`corollary_check`)."""
     ratio = draws["rank"] / draws["theorem_bound"]
-    thm = claims.outcome_from_check(
+    thm = verdicts.outcome_from_check(
         bool((draws["rank"] >= draws["theorem_bound"]).all()),
         f"in all {len(draws)} draws (d in {sorted(map(int, draws['d'].unique()))}, r in "
         f"{sorted(map(int, draws['r'].unique()))}) the heterogeneous score matrix has rank "
@@ -336,7 +336,7 @@ def chapter_outcomes(
         f"{int((draws['rank'] < draws['theorem_bound']).sum())} of {len(draws)} draws have rank "
         "below d(d+1)/2",
     )
-    homog = claims.outcome_from_check(
+    homog = verdicts.outcome_from_check(
         gram_form["rel_error"] < 1e-12
         and gram_form["rank"] == d_gram + 2
         and gram_form["rank_row_centred"] == d_gram + 1,
@@ -347,7 +347,7 @@ def chapter_outcomes(
         f"{gram_form['rank_row_centred']:.0f}, Gram-form error {gram_form['rel_error']:.1e}",
     )
     het = check[(check["kind"] == "heterogeneous") & ~check["causal"]].iloc[0]
-    cor = claims.outcome_from_check(
+    cor = verdicts.outcome_from_check(
         corollary_holds(check),
         f"rows of softmax(S) sum to 1 within {check['row_error'].max():.1e} (allowance "
         f"{check['rounding'].iloc[0]:.1e}), causal ones are zero above the diagonal, and with "
@@ -363,7 +363,7 @@ def chapter_outcomes(
     }
 
 
-def outcomes(smoke: bool = False) -> dict[str, claims.Outcome]:
+def outcomes(smoke: bool = False) -> dict[str, verdicts.Outcome]:
     """Chapter 1's claims at the chapter's sizes (:data:`BOOK`; :data:`SMOKE` when ``smoke``):
     the same draws and the same :func:`chapter_outcomes` as the chapter."""
     p = {**BOOK, **(SMOKE if smoke else {})}

@@ -19,11 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.registry import build_attention
+from attention_atlas.attention.registry import build_attention
+from attention_atlas.train import take_step
 
 __all__ = ["PRESETS", "PreviousTokenModel", "chapter_grid", "run_cell"]
 
 #: parameter sets of ``python -m attention_atlas sweep toy --preset NAME``
+#: the experiment's name on the command line and in the results store
+NAME = "toy"
+
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"steps": 5, "dims": [8]},
     "book": {},
@@ -82,6 +86,10 @@ def _loss_and_accuracy(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
     return loss, (logits.argmax(-1) == target).float().mean()
 
 
+def _loss(model: nn.Module, x: Tensor) -> Tensor:
+    return _loss_and_accuracy(model, x)[0]
+
+
 def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     """Train :class:`PreviousTokenModel` with ``params`` at ``seed`` on the CPU.
 
@@ -97,14 +105,10 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     with torch.no_grad():
         loss_initial = float(_loss_and_accuracy(model, held_out)[0])
     losses = []
-    for _ in range(params["steps"]):
-        loss, _acc = _loss_and_accuracy(
-            model, _batch(gen, params["batch_size"], params["seq_len"], params["vocab"])
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    for step in range(params["steps"]):
+        batch = _batch(gen, params["batch_size"], params["seq_len"], params["vocab"])
+        res = take_step(model, opt, batch, objective=_loss, step=step)
+        losses.append(res.loss.item())
     with torch.no_grad():
         loss_final, acc_final = _loss_and_accuracy(model, held_out)
     return {

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..provenance import cpu_id, cpu_model
+from attention_atlas.provenance import cpu_id, cpu_model
 
 __all__ = [
     "SOURCE",
@@ -141,21 +142,24 @@ def _build(cc: str) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    try:
-        proc = subprocess.run(
-            [cc, *_FLAGS, str(SOURCE), "-o", str(tmp), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"building the native kernels with {cc} failed: {proc.stderr.strip()[-400:]}"
+    # one build per machine: the first process compiles under an exclusive lock on a file beside
+    # the target; the others wait for it (however long a busy machine takes) and load its build
+    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            proc = subprocess.run(
+                [cc, *_FLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True
             )
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"building the native kernels with {cc} failed: {proc.stderr.strip()[-400:]}"
+                )
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
     return target
 
 

@@ -18,10 +18,10 @@ executed ``.ipynb``. A failed cell (a failing ``assert``) raises :class:`Chapter
 message names the chapter, the cell and the error.
 
 Command line: ``python -m attention_atlas notebooks run [--smoke] [NAME ...] [--out DIR]
-[-p key=value ...]`` (see :mod:`.cli`).
+[-p key=value ...]`` (see :mod:`attention_atlas.cli.notebooks`).
 
 Modules: :mod:`.chapters` (where chapters are, their parameters and SMOKE values, checking
-overrides), :mod:`.runner` (executing chapters), :mod:`.cli` (the ``notebooks`` command).
+overrides), :mod:`.runner` (executing chapters), :mod:`.lab` (JupyterLab and the live book).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from .chapters import (
     resolve_chapter,
     validate_parameters,
 )
-from .cli import add_subcommand
 from .runner import (
     HEADLESS_ENV,
     ChapterFailed,
@@ -52,7 +51,6 @@ __all__ = [
     "ChapterFailed",
     "ChapterResult",
     "ParameterError",
-    "add_subcommand",
     "chapter_parameters",
     "chapter_smoke",
     "chapters",

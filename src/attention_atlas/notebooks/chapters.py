@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..validate import InputError
+from attention_atlas.validate import InputError
 
 #: the two lines of the JupyterLab SMOKE switch that may follow ``SMOKE = {...}``
 _SMOKE_SWITCH = re.compile(
-    r"^(from attention_atlas\.lab import apply_smoke|apply_smoke\(SMOKE, globals\(\)\))[ \t]*(#.*)?$",
+    r"^(from attention_atlas\.notebooks\.lab import apply_smoke|apply_smoke\(SMOKE, globals\(\)\))[ \t]*(#.*)?$",
     re.M,
 )
 
@@ -144,7 +144,7 @@ def chapter_smoke(path: Path, nb: Any = None) -> dict[str, Any]:
         raise ParameterError(
             f"{path.name}: expected exactly one cell tagged 'smoke', found {len(cells)}"
         )
-    # the lab switch (attention_atlas.lab.apply_smoke) may follow SMOKE; blanked, lines kept
+    # the lab switch (attention_atlas.notebooks.lab.apply_smoke) may follow SMOKE; blanked, lines kept
     source = _SMOKE_SWITCH.sub("", cells[0][1].source)
     values = _literal_assignments(source, f"{path.name} smoke cell")
     if set(values) != {"SMOKE"} or not isinstance(values["SMOKE"], dict):

@@ -34,42 +34,67 @@ run ends (on CPU). :func:`~.resumable.resumable_training` checkpoints and resume
 piece of work (a sweep cell) the same way without their configs naming a folder. Under ``torchrun`` the run is data parallel (gloo on CPU, nccl on CUDA): the
 global batch ``batch_size`` is split across ranks, so results match a single process.
 
-Modules: :mod:`.config` (TrainConfig, config files, ``key=value`` overrides), :mod:`.loop`
-(:func:`train`), :mod:`.optim` (parameter groups, schedules), :mod:`.evaluate` (loss,
+One training step has one home, :mod:`.step`: :func:`take_step` (forward, loss, regularisers,
+finite checks, backward, clipping, update), :func:`build_run` and :func:`optimiser_step` (the
+loop's step of a run), :func:`step_callable` and :func:`batch_step` (a step to time). Nothing
+outside this package takes an optimiser step by hand.
+
+Modules: :mod:`.config` (TrainConfig, config files, ``key=value`` overrides), :mod:`.step` (one
+training step), :mod:`.loop` (:func:`train`), :mod:`.optim` (parameter groups, schedules), :mod:`.evaluate` (loss,
 evaluation, diagnostics), :mod:`.flops` (:func:`measure_flops`), :mod:`.checkpoint` (seeds, RNG
-states, atomic checkpoints), :mod:`.resumable` (checkpoints of a sweep cell's runs), :mod:`.ddp` (process group, rank, device), :mod:`.provenance` (git
-commit, versions), :mod:`.cli` (the ``train`` command).
+states, atomic checkpoints), :mod:`.resumable` (checkpoints of a sweep cell's runs), :mod:`.ddp` (process group, rank, device). The ``train`` command is
+:mod:`attention_atlas.cli.train`; provenance (git state, versions) is
+:mod:`attention_atlas.provenance`.
 """
 
 from __future__ import annotations
 
-from ..attention.registry import (
+from attention_atlas.models.hooks import (
     available_diagnostics,
     available_regularizers,
     register_diagnostic,
     register_regularizer,
 )
+
 from .checkpoint import seed_everything
 from .config import TrainConfig, build_configs, load_config_file
 from .evaluate import evaluate
 from .flops import measure_flops
 from .loop import TrainResult, train
 from .optim import lr_at, lr_at_time, param_groups
+from .step import (
+    NonFinite,
+    Run,
+    StepResult,
+    batch_step,
+    build_run,
+    optimiser_step,
+    step_callable,
+    take_step,
+)
 
 __all__ = [
+    "NonFinite",
+    "Run",
+    "StepResult",
     "TrainConfig",
     "TrainResult",
     "available_diagnostics",
     "available_regularizers",
+    "batch_step",
+    "build_run",
     "build_configs",
     "evaluate",
     "load_config_file",
     "lr_at",
     "lr_at_time",
     "measure_flops",
+    "optimiser_step",
     "param_groups",
     "register_diagnostic",
     "register_regularizer",
     "seed_everything",
+    "step_callable",
+    "take_step",
     "train",
 ]

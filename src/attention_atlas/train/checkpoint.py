@@ -20,8 +20,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..atomic import atomic_torch_save
-from ..validate import ConfigError
+from attention_atlas.atomic import atomic_torch_save
+from attention_atlas.validate import ConfigError
+
 from .ddp import rank_world
 
 __all__ = [

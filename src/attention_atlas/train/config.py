@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..models import ModelConfig
-from ..validate import (
+from attention_atlas.models import ModelConfig
+from attention_atlas.validate import (
     ConfigError,
     Fraction,
     NonNegativeFloat,
@@ -104,7 +104,7 @@ def check_run(cfg: TrainConfig) -> None:
     Raises:
         ConfigError: one line naming the setting, what was expected and what was given.
     """
-    from ..attention.registry import available_diagnostics, available_regularizers
+    from attention_atlas.models.hooks import available_diagnostics, available_regularizers
 
     check_fields(cfg, "train", TrainConfig)
     if cfg.checkpoint_every and not cfg.out_dir:
@@ -142,7 +142,7 @@ def check_model(cfg: ModelConfig) -> None:
     """
     import inspect
 
-    from ..attention.registry import attention_options, available_attention
+    from attention_atlas.attention.registry import attention_options, available_attention
 
     check_fields(cfg, "model", ModelConfig)
     known = available_attention()

@@ -10,10 +10,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..attention.registry import get_diagnostic
-from ..data import IGNORE_INDEX, ArrayTask, TextCorpus, eval_windows
-from ..linalg import effective_rank
-from ..models import ModelOutput, Transformer
+from attention_atlas.data import IGNORE_INDEX, ArrayTask, TextCorpus, eval_windows
+from attention_atlas.linalg import effective_rank
+from attention_atlas.models import ModelOutput, Transformer
+from attention_atlas.models.hooks import get_diagnostic
+
 from .config import TrainConfig, spec_name
 from .ddp import rank_world
 

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..models import Transformer, attention_modules
+from attention_atlas.models import Transformer, attention_modules
+
 from .evaluate import cross_entropy
 
 __all__ = ["measure_flops"]

@@ -10,7 +10,7 @@ for bit on a CPU at one thread; the runs are numbered in the order the work star
 is the same every time for deterministic work. A run with callbacks is not checkpointed: what a
 callback accumulates (per-step gradient norms, say) is not in a checkpoint, so resuming it would
 change the result. ``sweep --checkpoint-every N`` runs every cell in such a block
-(:func:`attention_atlas.sweep_backends.execute_cell`), under ``OUT/.checkpoints/<cell key>``,
+(:func:`attention_atlas.sweep.backends.execute_cell`), under ``OUT/.checkpoints/<cell key>``,
 removed once the cell has returned.
 """
 

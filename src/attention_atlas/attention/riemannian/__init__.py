@@ -17,7 +17,8 @@ per module, one home per equation:
   (``"fiber_bundle"``) is the same module with eq. (16) scores.
 """
 
-from ..flash import blocked_attention
+from attention_atlas.attention.flash import blocked_attention
+
 from .diagnostics import metric_statistics
 from .fast import geodesic_attention, geodesic_attention_reference
 from .geometry import (

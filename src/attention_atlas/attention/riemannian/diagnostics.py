@@ -1,26 +1,18 @@
 """Monitoring the geometry during training: metric strength (prediction P3), transport isometry
-(eq. (25)), the attention's second singular value (Conjecture 3.6), and the harness diagnostic
-``"fiber_bundle"`` that logs them per layer at each log step."""
+(eq. (25)), and the attention's second singular value (Conjecture 3.6); the harness diagnostic that logs
+them per layer at each log step is :func:`attention_atlas.models.fiber_bundle.fiber_bundle_diagnostic`."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from .geometry import isometry_defect, metric_strength, torsion_dense, transport_dense
-from .regularizers import regularizer_terms
-
-if TYPE_CHECKING:
-    from ...models import ModelOutput
-    from .modules import RiemannianAttention
 
 __all__ = [
     "attention_sigma2",
-    "fiber_bundle_diagnostic",
     "isometry_errors",
     "kappa_statistics",
     "metric_statistics",
@@ -89,67 +81,3 @@ def attention_sigma2(probs: Tensor) -> float:
     """Mean second singular value of the attention matrices ``probs (B, H, L, L)`` (Conj. 3.6)."""
     s = torch.linalg.svdvals(probs.detach().double())  # (B, H, L)
     return float(s[..., 1].mean())
-
-
-def _layer_gates(m: RiemannianAttention) -> dict[str, float]:
-    """The squashed gates of one layer: ``gamma`` (A++), ``gamma_T`` (C), ``beta_scale`` (B)."""
-    row: dict[str, float] = {}
-    if m.projection is not None:
-        row["gamma"] = float(torch.sigmoid(m.projection.gamma_param.detach()))
-    if m.torsion_gate is not None:
-        row["gamma_T"] = float(torch.sigmoid(m.torsion_gate.detach()))
-    if m.curvature is not None:
-        row["beta_scale"] = float(F.softplus(m.curvature.beta.detach()))
-    return row
-
-
-def _layer_row(
-    extras: dict[str, Tensor], kappa_min: float, kappa_max: float, tau: float | None
-) -> dict[str, float]:
-    """Metric strength (and its max over ``tau / L`` when ``tau`` is known), raw regulariser
-    terms, curvature and transport of one layer's extras."""
-    row: dict[str, float] = {}
-    if "metric_factor" in extras:
-        U = extras["metric_factor"]
-        row.update(kappa_statistics(U))
-        terms = regularizer_terms(U.detach(), kappa_min=kappa_min, kappa_max=kappa_max)
-        row.update({k: float(v) for k, v in terms.items()})
-        if tau is not None:
-            row["kappa_max_over_tau_L"] = row["kappa_max"] / (tau / U.shape[-3])
-    if "curvature" in extras:
-        om = extras["curvature"].detach().float()
-        row.update({"omega_mean": float(om.mean()), "omega_max": float(om.amax()),
-                    "omega_std": float(om.std())})  # fmt: skip
-    if "transport_a" in extras:
-        row.update(isometry_errors(extras["transport_a"], extras["transport_b"]))
-    return row
-
-
-def fiber_bundle_diagnostic(
-    model: nn.Module,
-    output: ModelOutput,
-    batch: Any,
-    *,
-    kappa_min: float = 0.0,
-    kappa_max: float = math.inf,
-) -> dict[str, float]:
-    """Harness diagnostic ``"fiber_bundle"``. Per layer ``l``: ``l<l>/kappa_{mean,max,var}``,
-    ``l<l>/{anti,div,smooth,cap,l2}`` (raw regulariser terms), ``l<l>/omega_{mean,max,std}``
-    (curvature proxy), ``l<l>/iso_{linear,cayley}`` and ``l<l>/delta_fro`` (transport),
-    ``l<l>/sigma2`` (second singular value of the attention), the ratio
-    ``l<l>/kappa_max_over_tau_L``, the gates ``l<l>/{gamma,gamma_T,beta_scale}``; and ``alpha``."""
-    from ...models import fbt_attentions  # the model layer sits above this package
-
-    row: dict[str, float] = {}
-    mods = fbt_attentions(model)
-    for i, res in enumerate(output.attentions):
-        p = f"l{i}/"
-        layer = _layer_row(res.extras, kappa_min, kappa_max, mods[i].tau if i < len(mods) else None)
-        if res.probs is not None:
-            layer["sigma2"] = attention_sigma2(res.probs)
-        if i < len(mods):
-            layer.update(_layer_gates(mods[i]))
-        row.update({p + k: v for k, v in layer.items()})
-    if mods:
-        row["alpha"] = float(mods[0].alpha)
-    return row

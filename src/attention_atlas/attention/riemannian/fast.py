@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..base import check_qkv, combine_masks
-from ..dot import attention_from_logits, masked_softmax
-from ..flash import TILE_ELEMENTS, blocked_attention
+from attention_atlas.attention.base import check_qkv, combine_masks
+from attention_atlas.attention.dot import attention_from_logits, masked_softmax
+from attention_atlas.attention.flash import TILE_ELEMENTS, blocked_attention
+
 from .scores import (
     Baseline,
     augmented_dim,

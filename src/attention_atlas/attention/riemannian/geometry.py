@@ -21,11 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import native
-from ...linalg import metric_inverse_apply, serial_lu
+from attention_atlas import native
+from attention_atlas.linalg import metric_inverse_apply, serial_lu
 
 __all__ = [
     "cayley_transport_apply",
+    "check_curvature",
+    "check_metric_inputs",
     "curvature_proxy",
     "factor_apply",
     "factor_rows",
@@ -67,7 +69,7 @@ def metric_strength(U: Tensor) -> Tensor:
     """``kappa_t = ||U_t||_F^2`` (the paper's metric strength): ``(..., d, r)`` -> ``(...)``."""
     ut = U.transpose(-1, -2)
     if ut.is_contiguous() and native.active(U, since=2):  # one pass (native level 2)
-        from ...native.functions import MetricStrength
+        from attention_atlas.native.functions import MetricStrength
 
         return MetricStrength.apply(ut.reshape(-1, U.shape[-1] * U.shape[-2])).view(U.shape[:-2])
     return (U * U).sum((-1, -2))
@@ -104,7 +106,7 @@ def metric_aware_projections(U: Tensor, gamma: Tensor | float, *xs: Tensor) -> t
     scale = torch.as_tensor(gamma / math.sqrt(d), dtype=U.dtype, device=U.device)
     ut = factor_rows(U)
     if native.active(ut, *xs):  # the native kernel (opt-in), each x read where it lies
-        from ...native.functions import MetricProjection
+        from attention_atlas.native.functions import MetricProjection
 
         tokens = [x if x.dim() == 4 and x.stride(-1) == 1 else x.reshape(-1, d).contiguous()
                   for x in xs]  # fmt: skip
@@ -224,7 +226,7 @@ def skew_factors_apply(wt: Tensor | Sequence[Tensor], x: Tensor, w: Tensor) -> T
             f"{[tuple(t.shape) for t in pairs]}, {tuple(x.shape)}, {tuple(w.shape)}"
         )
     if native.active(x, w, *pairs) and r <= native.MAX_RANK:  # the native kernel (opt-in)
-        from ...native.functions import SkewFactorsApply
+        from attention_atlas.native.functions import SkewFactorsApply
 
         x4 = x if x.dim() == 4 and x.stride(-1) == 1 else x.reshape(-1, 1, 1, d)
         flat = [t.reshape(*x4.shape[:3], t.shape[-3], r, d).contiguous() for t in pairs]
@@ -321,9 +323,42 @@ def metric_preconditioned_update(h: Tensor, U: Tensor, update: Tensor) -> Tensor
     d, r = U.shape[-2:]
     ut = factor_rows(U)
     if native.active(ut, update) and r <= native.MAX_RANK:  # the native kernel (opt-in)
-        from ...native.functions import WoodburyApply
+        from attention_atlas.native.functions import WoodburyApply
 
         flat = WoodburyApply.apply(ut.contiguous(), update.reshape(-1, d).contiguous())
         return h + flat.view(update.shape)
     flat = _WoodburyApply.apply(ut, update.reshape(-1, d))
     return h + flat.view(update.shape)
+
+
+# -- input checks of the score functions -------------------------------------------------------
+
+
+def check_metric_inputs(q: Tensor, k: Tensor, U: Tensor, tau: float) -> None:
+    """``q, k (..., L, d)``, ``U (..., L, d, r)``: same batch dims, same L, same d, same dtype."""
+    for name, t in (("q", q), ("k", k), ("U", U)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if q.dim() < 2 or k.shape != q.shape:
+        raise ValueError(
+            f"q and k must have the same shape (..., L, d), got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    if U.dim() != q.dim() + 1 or U.shape[:-1] != q.shape:
+        raise ValueError(
+            f"U must have shape (..., L, d, r) = {tuple(q.shape)} + (r,) to match q, "
+            f"got {tuple(U.shape)}"
+        )
+    if not (q.dtype == k.dtype == U.dtype):
+        raise ValueError(f"q, k, U must share a dtype, got {q.dtype}, {k.dtype}, {U.dtype}")
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
+        raise ValueError(f"tau must be a positive finite number, got {tau!r}")
+
+
+def check_curvature(curvature: Tensor | None, q: Tensor) -> None:
+    """``curvature`` is None or ``Omega (..., L)`` matching ``q (..., L, d)``."""
+    if curvature is not None and curvature.shape != q.shape[:-1]:
+        raise ValueError(
+            f"curvature must have shape (..., L) = {tuple(q.shape[:-1])}, got {tuple(curvature.shape)}"
+        )

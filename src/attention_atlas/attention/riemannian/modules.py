@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...profiling import phase
-from ..base import Attention, AttentionResult, combine_masks
-from ..dot import attention_from_logits, masked_softmax
+from attention_atlas.attention.base import Attention, AttentionResult, combine_masks
+from attention_atlas.attention.dot import attention_from_logits, masked_softmax
+from attention_atlas.profiling import phase
+
 from . import scores as scores_module
 from .diagnostics import metric_statistics
 from .fast import Method, geodesic_attention

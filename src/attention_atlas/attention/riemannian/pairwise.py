@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ... import native
-from .geometry import factor_rows, factor_t_apply
+from attention_atlas import native
+
+from .geometry import check_metric_inputs, factor_rows, factor_t_apply
 
 __all__ = ["CAUSAL_BLOCK", "PAIRWISE_CHUNK", "pairwise_metric_terms"]
 
@@ -332,8 +333,6 @@ def pairwise_metric_terms(
     row-wise softmax of that sum, the attention probabilities, with a backward that needs no
     mask.
     """
-    from .scores import check_metric_inputs
-
     check_metric_inputs(q, k, U, 1.0)
     *batch, seq, d, r = U.shape
     ut = factor_rows(U, per_sequence=True)
@@ -345,7 +344,7 @@ def pairwise_metric_terms(
                 f"base must have shape {(ut.shape[0], seq, seq)}, got {tuple(acc.shape)}"
             )
         if native.active(ut, x, acc) and r <= native.MAX_RANK:  # the native kernel (opt-in)
-            from ...native.functions import CausalPairwiseTerms
+            from attention_atlas.native.functions import CausalPairwiseTerms
 
             out = CausalPairwiseTerms.apply(acc, ut.contiguous(), x, float(scale), softmax)
             return out.view(*batch, seq, seq)
@@ -357,7 +356,7 @@ def pairwise_metric_terms(
     if base is not None or softmax:
         raise ValueError("base and softmax are only taken with causal=True")
     if native.active(ut, q, k) and r <= native.MAX_RANK:  # the native kernel (opt-in)
-        from ...native.functions import PairwiseTerms
+        from attention_atlas.native.functions import PairwiseTerms
 
         x = torch.cat([q, k], -2).reshape(-1, 2 * seq, d)
         return PairwiseTerms.apply(ut.contiguous(), x, float(scale)).view(*batch, seq, seq)

@@ -1,5 +1,6 @@
-"""The geometric regularisers of Section 6.4, eqs. (31) to (34), their schedule, and the harness
-regulariser ``"fiber_bundle"`` that adds them to a training loss.
+"""The geometric regularisers of Section 6.4, eqs. (31) to (34), their schedule, and the
+settings of prediction P3 (the harness regulariser ``"fiber_bundle"`` that adds them to a
+model's training loss is :func:`attention_atlas.models.fiber_bundle.fiber_bundle_regularizer`).
 
 With ``kappa_t = |U_t|_F^2`` and ``A_t = U_t U_t^T``, per sequence of L positions:
 
@@ -17,25 +18,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from ... import native
-from ...linalg import lowrank_gram_distance_sq, sym_pack_gram
+from attention_atlas import native
+from attention_atlas.linalg import lowrank_gram_distance_sq, sym_pack_gram
+
 from .geometry import factor_rows, metric_strength
-
-if TYPE_CHECKING:
-    from ...models import ModelOutput
 
 __all__ = [
     "TERMS",
     "RegularizerSchedule",
     "anti_flatness_loss",
+    "check_positions",
     "curvature_smoothness_loss",
-    "fiber_bundle_regularizer",
     "fiber_bundle_regularizers",
     "gram_sums",
     "metric_cap_loss",
@@ -45,7 +44,8 @@ __all__ = [
 ]
 
 
-def _check_positions(U: Tensor, what: str) -> int:
+def check_positions(U: Tensor, what: str) -> int:
+    """The number of positions of ``U (..., L, d, r)``; an error naming ``what`` if under 2."""
     seq = U.shape[-3] if U.dim() >= 3 else 0
     if seq < 2:
         raise ValueError(f"{what} needs at least 2 positions, got L={seq} (U {tuple(U.shape)})")
@@ -95,7 +95,7 @@ def metric_diversity_loss(
     computed): their sum is ``2 L sum_t |A_t|_F^2 - 2 |sum_t A_t|_F^2``, so all pairs cost
     ``O(L d r^2)``, no ``(L, L)`` matrix.
     """
-    seq = _check_positions(U, "metric diversity")
+    seq = check_positions(U, "metric diversity")
     if pairs is None and n_pairs is not None:
         i = torch.randint(0, seq, (n_pairs,), generator=generator, device="cpu")
         j = (i + torch.randint(1, seq, (n_pairs,), generator=generator, device="cpu")) % seq
@@ -163,7 +163,7 @@ def gram_sums(U: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     *batch, seq, d, r = U.shape
     ut = factor_rows(U, per_sequence=True)
     if native.active(ut) and r <= native.MAX_RANK:  # the native kernel (opt-in)
-        from ...native.functions import GramSums
+        from attention_atlas.native.functions import GramSums
 
         self_sq, cross_sq, total_sq = GramSums.apply(ut.contiguous())
     else:
@@ -179,7 +179,7 @@ def _mean_pair_distance(self_sq: Tensor, total_sq: Tensor, seq: int) -> Tensor:
 def curvature_smoothness_loss(U: Tensor, *, distances: Tensor | None = None) -> Tensor:
     """Eq. (33): mean over adjacent positions of ``||U_t U_t^T - U_{t+1} U_{t+1}^T||_F^2``, by the
     ``O(r^2 d)`` identity, or read off ``distances`` (:func:`metric_distances`) when given."""
-    _check_positions(U, "curvature smoothness")
+    check_positions(U, "curvature smoothness")
     if distances is not None:
         return distances.diagonal(offset=1, dim1=-2, dim2=-1).mean()
     return lowrank_gram_distance_sq(U[..., :-1, :, :], U[..., 1:, :, :]).mean()
@@ -198,7 +198,7 @@ def regularizer_terms(
     :func:`metric_strength` and the Gram sums of :func:`_pair_sums` (``O(L d r^2)``, no
     ``(L, L)`` matrix: the diversity by its all-pairs identity, the smoothness from
     ``|A_t|_F^2`` and ``|U_t^T U_{t+1}|_F^2``)."""
-    seq = _check_positions(U, "the metric regularisers")
+    seq = check_positions(U, "the metric regularisers")
     bad = sorted(set(terms) - set(TERMS))
     if bad:
         raise ValueError(f"unknown regulariser term {bad[0]!r}; the terms are {', '.join(TERMS)}")
@@ -262,49 +262,6 @@ class RegularizerSchedule:
             "cap": self.cap,
             "l2": self.l2,
         }
-
-
-def fiber_bundle_regularizer(
-    model: nn.Module,
-    output: ModelOutput,
-    batch: Any,
-    *,
-    steps: int = 1000,
-    kappa_min: float = 0.0,
-    kappa_max: float = math.inf,
-    anti: float = 0.0,
-    div: float = 0.0,
-    smooth: float = 0.0,
-    cap: float = 0.0,
-    l2: float = 0.0,
-    relax_start: float = 0.3,
-    relax_end: float = 0.7,
-    relax_to: float = 0.1,
-) -> Tensor:
-    """Harness regulariser ``"fiber_bundle"``: the scheduled sum of the Section 6.4 terms, mean
-    over the layers that have a metric; the step is the model's ``train_step`` (see
-    :class:`attention_atlas.models.FiberBundleTransformer`)."""
-    from ...models import metric_factors  # the model layer sits above this package
-
-    sched = RegularizerSchedule(steps, anti, div, smooth, cap, l2, relax_start, relax_end, relax_to)
-    step = int(getattr(model, "train_step", torch.tensor(1))) - 1
-    w = sched.weights(max(step, 0))
-    Us = metric_factors(output)
-    if not Us:
-        return output.logits.new_zeros(())
-    used = tuple(k for k in TERMS if w[k] != 0.0)  # a term of weight 0 is not computed
-    if used and native.active(*Us, since=2) and Us[0].shape[-1] <= native.MAX_RANK:
-        from ...native.functions import FiberBundleTerms  # one kernel per layer (level 2)
-
-        _check_positions(Us[0], "the metric regularisers")
-        uts = [factor_rows(U, per_sequence=True).contiguous() for U in Us]
-        spec = ([w[k] for k in TERMS], kappa_min, kappa_max)
-        return FiberBundleTerms.apply(spec, *uts)
-    total = output.logits.new_zeros(())
-    for U in Us:
-        terms = regularizer_terms(U, kappa_min=kappa_min, kappa_max=kappa_max, terms=used)
-        total = total + sum((w[k] * v for k, v in terms.items()), output.logits.new_zeros(()))
-    return total / len(Us)
 
 
 def fiber_bundle_regularizers(

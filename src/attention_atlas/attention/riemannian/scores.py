@@ -35,9 +35,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ... import native
-from ...linalg import sym_pack_indices
-from .geometry import factor_rows
+from attention_atlas import native
+from attention_atlas.linalg import sym_pack_indices
+
+from .geometry import check_curvature, check_metric_inputs, factor_rows
 from .pairwise import PAIRWISE_CHUNK, pairwise_metric_terms
 
 __all__ = [
@@ -64,36 +65,6 @@ Baseline = Literal["distance", "dot"]
 # ----------------------------------------------------------------------------------------
 # validation
 # ----------------------------------------------------------------------------------------
-
-
-def check_metric_inputs(q: Tensor, k: Tensor, U: Tensor, tau: float) -> None:
-    """``q, k (..., L, d)``, ``U (..., L, d, r)``: same batch dims, same L, same d, same dtype."""
-    for name, t in (("q", q), ("k", k), ("U", U)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if q.dim() < 2 or k.shape != q.shape:
-        raise ValueError(
-            f"q and k must have the same shape (..., L, d), got q {tuple(q.shape)}, k {tuple(k.shape)}"
-        )
-    if U.dim() != q.dim() + 1 or U.shape[:-1] != q.shape:
-        raise ValueError(
-            f"U must have shape (..., L, d, r) = {tuple(q.shape)} + (r,) to match q, "
-            f"got {tuple(U.shape)}"
-        )
-    if not (q.dtype == k.dtype == U.dtype):
-        raise ValueError(f"q, k, U must share a dtype, got {q.dtype}, {k.dtype}, {U.dtype}")
-    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
-        raise ValueError(f"tau must be a positive finite number, got {tau!r}")
-
-
-def check_curvature(curvature: Tensor | None, q: Tensor) -> None:
-    """``curvature`` is None or ``Omega (..., L)`` matching ``q (..., L, d)``."""
-    if curvature is not None and curvature.shape != q.shape[:-1]:
-        raise ValueError(
-            f"curvature must have shape (..., L) = {tuple(q.shape[:-1])}, got {tuple(curvature.shape)}"
-        )
 
 
 # ----------------------------------------------------------------------------------------
@@ -296,7 +267,7 @@ def geodesic_scores_decomposed(
     if curvature is not None:  # eq. (23): Omega_i + Omega_j added to the distance
         row, col = row - c_met * curvature, col - c_met * curvature
     if causal and _fused_base(q, k, U):  # native level 2: the base formed by the kernel
-        from ...native.functions import CausalScores
+        from attention_atlas.native.functions import CausalScores
 
         seq, d = U.shape[-3:-1]
         ut = factor_rows(U, per_sequence=True).contiguous()

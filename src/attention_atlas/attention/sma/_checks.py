@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..base import check_tensor
+from attention_atlas.attention.base import check_tensor
 
 __all__ = ["check_arg", "check_length", "check_same", "shape_of"]
 

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ... import native
+from attention_atlas import native
+
 from ._checks import check_arg, check_same, shape_of
 
 __all__ = ["SSD_METHODS", "segsum", "ssd", "ssd_matrix", "ssd_step"]

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Attention, AttentionResult, check_tensor, count_nonfinite
+from attention_atlas.attention.base import Attention, AttentionResult, check_tensor, count_nonfinite
+
 from ._checks import shape_of
 from .duality import SSD_METHODS, ssd, ssd_matrix, ssd_step
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...linalg import serial_lu
+from attention_atlas.linalg import serial_lu
+
 from ._checks import check_arg, check_same, shape_of
 from .masked import Semiseparable, low_rank_masked_product
 
