@@ -28,8 +28,8 @@ TESTS = Path(__file__).resolve().parent
 #: the files whose tests use the smoke-executed chapters (``smoke_runs``, ``smoke_book``)
 SMOKE_FILES = ("test_notebooks.py", "test_book.py", "test_browser.py")
 #: the first shard's other files, to even the shards: in a clean-clone CI run (73c9619) the
-#: smoke files took 342 s and the rest 669 s, of which the device-session rehearsal 110 to 160
-FIRST_SHARD = (*SMOKE_FILES, "test_device_session.py")
+#: smoke files took 342 s and the rest 669 s, of which the GPU run's rehearsal 110 to 160
+FIRST_SHARD = (*SMOKE_FILES, "test_gpu_scripts.py")
 
 
 def live_files(tests: Path = TESTS) -> list[str]:

@@ -1,39 +1,38 @@
 #!/bin/bash
-# One prepared run on a lent GPU machine (the device tool's `run`, from the repo root), sized to
-# fit one call: the kernel benchmark and the training steps on the GPU (chapter 8's CUDA
-# records), then as many cells of chapter 4's long grid (the Fiber Bundle arms first: made on a
-# GPU, they stay valid whatever the CPU kernels become) and of chapter 5's as the time left
+# One prepared run on your GPU machine (from the repo root of a copy of the working tree),
+# sized to a time budget: the kernel benchmark and the training steps on the GPU (chapter 8's
+# CUDA records), then as many cells of chapter 4's long grid (the Fiber Bundle arms first: made
+# on a GPU, they stay valid whatever the CPU kernels become) and of chapter 5's as the time left
 # allows. Everything it made comes back as one file, $OUT/results.tgz (the results store's new
-# records; extract it in the repo root, check with `python -m attention_atlas results list`,
+# records; extract it in the repo root here, check with `python -m attention_atlas results list`,
 # commit).
 #
-#   here:   bash benchmarks/device_prepare.sh          # wheels (.whl/) and data (.devdata/)
-#   device: run(command="bash benchmarks/device_session.sh", carry=[".whl", ".devdata"],
-#               timeout_s=600)
+#   here:             bash benchmarks/gpu_prepare.sh   # wheels (.whl/) and data (.devdata/)
+#   your GPU machine: bash benchmarks/gpu_run.sh       # in the copy, with .whl/ and .devdata/
 #
-# Knobs (environment): BUDGET_S (seconds for the whole script, default 540), WORKERS (cells at
-# at once on the GPU, default 4), CPU_WORKERS and GPU_MATROIDAL_WORKERS (chapter 5's cells at
-# once on the CPU, default 8, and on the GPU, default 2; MATROIDAL_SEEDS, MATROIDAL_GPU_SEEDS
-# their seeds), LENGTHS (the benchmark's lengths), DEVICE (default cuda), PYTHON (default
-# python3), NO_WHEELS=1 (use the installed packages), STEPS_ONLY=1 (kernels only). A rehearsal
-# on a CPU: DEVICE=cpu NO_WHEELS=1 PYTHON=.venv/bin/python LENGTHS="256" BUDGET_S=120 \
-#   SMOKE=1 bash benchmarks/device_session.sh   (smoke grids into a scratch store)
+# Knobs (environment): OUT (where its logs and results.tgz go, default artifacts/gpu-out),
+# BUDGET_S (seconds for the whole script, default 540), WORKERS (cells at once on the GPU,
+# default 4), CPU_WORKERS and GPU_MATROIDAL_WORKERS (chapter 5's cells at once on the CPU,
+# default 8, and on the GPU, default 2; MATROIDAL_SEEDS, MATROIDAL_GPU_SEEDS their seeds),
+# LENGTHS (the benchmark's lengths), DEVICE (default cuda), PYTHON (default python3),
+# NO_WHEELS=1 (use the installed packages), STEPS_ONLY=1 (kernels only). A rehearsal on a CPU: DEVICE=cpu NO_WHEELS=1 PYTHON=.venv/bin/python LENGTHS="256" BUDGET_S=120 \
+#   SMOKE=1 bash benchmarks/gpu_run.sh   (smoke grids into a scratch store)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-OUT=${OUT:-$root/artifacts/device-out}
+OUT=${OUT:-$root/artifacts/gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || { echo "device_session: installing .whl/ failed" >&2; exit 1; }
+        --target /tmp/site .whl/*.whl || { echo "gpu_run: installing .whl/ failed" >&2; exit 1; }
     export PYTHONPATH=/tmp/site:$root/src
 else
     export PYTHONPATH=$root/src
 fi
 export ATTENTION_ATLAS_DATA=${ATTENTION_ATLAS_DATA:-$root/.devdata} PYTHONUNBUFFERED=1
 # the copy there has no .git, or a stale one (seen: a commit 16 behind, so "dirty"): the
-# records' commit is what device_prepare.sh read here
+# records' commit is what gpu_prepare.sh read here
 if [ -f .devdata/git-state ]; then
     read -r ATTENTION_ATLAS_GIT_COMMIT ATTENTION_ATLAS_GIT_DIRTY < .devdata/git-state
     export ATTENTION_ATLAS_GIT_COMMIT ATTENTION_ATLAS_GIT_DIRTY
@@ -66,16 +65,16 @@ EOF
 #    the first H200 run the Fiber Bundle kernel's lengths took most of the budget)
 timeout $(($(left) / 3)) "$PY" -m attention_atlas bench --lengths $LENGTHS --device "$DEVICE" \
     --max-call-s 3 --store > "$OUT/bench.txt" 2>&1 \
-    || echo "device_session: the benchmark stopped ($?)" >> "$OUT/bench.txt"
+    || echo "gpu_run: the benchmark stopped ($?)" >> "$OUT/bench.txt"
 tail -30 "$OUT/bench.txt"
 # 1b. training steps against dot at chapter 4's two shapes (chapter 8): train-<shape>.json
 for shape in $TRAIN_SHAPES; do
     [ "$(left)" -gt "$TRAIN_MIN_LEFT" ] || break  # the sweeps keep most of the time
     timeout 90 "$PY" -m attention_atlas bench --train $TRAIN_VARIANTS --shape $shape \
         --device "$DEVICE" --reps "$TRAIN_REPS" --store >> "$OUT/bench-train.txt" 2>&1 \
-        || echo "device_session: bench --train $shape stopped ($?)" >> "$OUT/bench-train.txt"
+        || echo "gpu_run: bench --train $shape stopped ($?)" >> "$OUT/bench-train.txt"
 done
-grep -E "^(training|variant|[a-z_]+ +[0-9])|device_session" "$OUT/bench-train.txt" | tail -20
+grep -E "^(training|variant|[a-z_]+ +[0-9])|gpu_run" "$OUT/bench-train.txt" | tail -20
 # 1c. where the two costliest steps go, by operator (the host's launches and waits included)
 if [ "$(left)" -gt "$TRAIN_MIN_LEFT" ]; then
     timeout 45 "$PY" benchmarks/profile_step.py riemannian fiber_bundle --shape "${TRAIN_SHAPES##* }" \
@@ -97,7 +96,7 @@ matroidal_seeds() {  # LOG WORKERS WHERE SEED...: chapter 5's grid, one seed at 
         [ "$(left)" -gt 60 ] || break
         timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep matroidal --seeds "$seed" \
             --preset "$PRESET" --workers "$workers" --no-progress >> "$log" 2>&1
-        echo "device_session: sweep matroidal ($where) seed $seed ended ($?)" >> "$log"
+        echo "gpu_run: sweep matroidal ($where) seed $seed ended ($?)" >> "$log"
     done
 }
 if [ -z "${STEPS_ONLY:-}" ] && [ "$(left)" -gt 90 ]; then
@@ -107,13 +106,13 @@ if [ -z "${STEPS_ONLY:-}" ] && [ "$(left)" -gt 90 ]; then
     (matroidal_seeds "$OUT/sweep-gpu.txt" "$GPU_MATROIDAL_WORKERS" GPU $MATROIDAL_GPU_SEEDS) &
     timeout $stop "$PY" -m attention_atlas sweep fiber-bundle --only $fbt --seeds 0 1 2 3 4 \
         --preset "$PRESET" --workers "$WORKERS" --no-progress >> "$OUT/sweep.txt" 2>&1
-    echo "device_session: sweep fiber-bundle ended ($?)" >> "$OUT/sweep.txt"
+    echo "gpu_run: sweep fiber-bundle ended ($?)" >> "$OUT/sweep.txt"
     wait
     for part in gpu cpu; do
         [ -f "$OUT/sweep-$part.txt" ] && cat "$OUT/sweep-$part.txt" >> "$OUT/sweep.txt"
         rm -f "$OUT/sweep-$part.txt"
     done
-    grep -E "^\[sweep\]|device_session" "$OUT/sweep.txt" | tail -30
+    grep -E "^\[sweep\]|gpu_run" "$OUT/sweep.txt" | tail -30
 fi
 # 3. everything the store gained, as one file
 (cd "$store/.." && tar czf "$OUT/results.tgz" --exclude='*.lock' --exclude='.*.tmp' --exclude='.checkpoints' \

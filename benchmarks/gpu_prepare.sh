@@ -1,18 +1,19 @@
 #!/bin/bash
-# Prepare a lent GPU machine's run (benchmarks/device_session.sh), here, from the repo root:
-# the Python packages the library needs that the machine's image lacks, as wheels for its
+# Prepare the run on your GPU machine (benchmarks/gpu_run.sh), here, from the repo root: the
+# Python packages the library needs that the GPU machine's Python lacks, as wheels for its
 # Python 3.12 (.whl/), and the data the long grids read (.devdata/: char-PTB, about 12 MB).
-# Both folders are git-ignored and travel with the run's `carry` (64 MiB in all with the repo).
+# Both folders are git-ignored; copy them to the GPU machine with the working tree.
 #
-#   bash benchmarks/device_prepare.sh [DATA_DIR]     # DATA_DIR: default $ATTENTION_ATLAS_DATA
+#   bash benchmarks/gpu_prepare.sh [DATA_DIR]     # DATA_DIR: default $ATTENTION_ATLAS_DATA
 #
-# The image holds torch, numpy, scipy, pandas, scikit-learn, tqdm and pyyaml (see the device
-# tool's KINDS.md); plotly and pydantic (with their own needs) are not there.
+# The wheels are for a GPU machine that has torch, numpy, scipy, pandas, scikit-learn, tqdm and
+# pyyaml but not plotly and pydantic (with their own needs), and no network; one with the
+# project's environment (make venv) needs none of this but the data (NO_WHEELS=1 there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-${ATTENTION_ATLAS_DATA:-}}
 if [ -z "$data" ] || [ ! -f "$data/ptb-char/ptb.char.train.txt" ]; then
-    echo "device_prepare: expected a data folder holding ptb-char/ (argument or \$ATTENTION_ATLAS_DATA), got '${data}'" >&2
+    echo "gpu_prepare: expected a data folder holding ptb-char/ (argument or \$ATTENTION_ATLAS_DATA), got '${data}'" >&2
     exit 2
 fi
 rm -rf .devdata && mkdir -p .devdata && cp -r "$data/ptb-char" .devdata/
@@ -33,7 +34,7 @@ if [ -n "$want" ] && ! ls .whl/pydantic_core-"$want"-* >/dev/null 2>&1; then
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl "pydantic-core==$want"
 fi
-# the commit the records made there will name (the copy sent there has no .git): HEAD, and
+# the commit the records made there will name (a copy of the working tree has no .git): HEAD, and
 # whether src/, pyproject.toml or requirements.lock differ from it (git_state's rule)
 dirty=0
 [ -n "$(git status --porcelain -- src pyproject.toml requirements.lock)" ] && dirty=1

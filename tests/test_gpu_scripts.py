@@ -1,6 +1,6 @@
-"""The prepared GPU run (benchmarks/device_session.sh), rehearsed on this CPU with smoke grids in
-a scratch results store: it benchmarks, sweeps both long grids' cells within its time budget and
-packs what it made into one file, as the device tool brings it back."""
+"""The prepared run for your GPU machine (benchmarks/gpu_run.sh), rehearsed on this CPU with
+smoke grids in a scratch results store: it benchmarks, sweeps both long grids' cells within its
+time budget and packs what it made into one file, results.tgz, to bring back and extract here."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(
     not (SHARED / "ptb-char" / "ptb.char.train.txt").exists(), reason="char-PTB not in the data"
 )
-def test_the_device_session_rehearses_on_a_cpu(tmp_path: Path) -> None:
+def test_the_gpu_run_rehearses_on_a_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "SMOKE": "1", "DEVICE": "cpu", "NO_WHEELS": "1", "PYTHON": sys.executable,
            "LENGTHS": "256", "BUDGET_S": "300", "WORKERS": "1", "CPU_WORKERS": "1", "OUT": str(tmp_path),
            "ATTENTION_ATLAS_DATA": str(SHARED)}  # fmt: skip
     env.pop("ATTENTION_ATLAS_RESULTS", None)
-    done = subprocess.run(["bash", str(REPO / "benchmarks" / "device_session.sh")], env=env,
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_run.sh")], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (tmp_path / "env.txt").read_text().startswith("torch ")
