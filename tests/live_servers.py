@@ -205,13 +205,13 @@ def start_lab(
     else:
         book_port = None
         args = ["lab", "--port", str(port)]
-    args += ["--token", token, "--no-browser"] + (["--smoke"] if smoke else [])
+    args += ["--no-browser"] + (["--smoke"] if smoke else [])
     log = workdir / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "attention_atlas", *args],
             cwd=ROOT,
-            env=_lab_environment(workdir),
+            env={**_lab_environment(workdir), "ATTENTION_ATLAS_TOKEN": token},
             stdout=out,
             stderr=subprocess.STDOUT,
         )

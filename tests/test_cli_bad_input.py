@@ -5,6 +5,7 @@ exit status 2 (``--debug`` shows the traceback)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -124,6 +125,30 @@ BAD = {
         (["data", "verify", "--data-dir", "{tmp}/a_file"], "is a file, expected a folder"),
         (["data", "nosuch"], "invalid choice: 'nosuch'"),
     ],
+    "results": [
+        (["results", "show", "nosuch", "book"], "unknown experiment 'nosuch'"),
+        (["results", "show", "toy", "nosuch"], "no stored 'nosuch' grid of toy"),
+        (["results", "verify", "--sample", "-1"], "--sample: expected an integer >= 1, got -1"),
+        (["results", "verify", "--sample", "0"], "--sample: expected an integer >= 1, got 0"),
+        (["results", "verify", "--rtol", "nan"], "--rtol: expected a finite number >= 0"),
+        (["results", "verify", "--rtol", "-1"], "--rtol: expected a finite number >= 0"),
+        (["results", "verify", "--experiment", "nosuch"], "--experiment: unknown experiment"),
+        (["results", "nosuch"], "invalid choice: 'nosuch'"),
+    ],
+    "lab": [
+        (["lab", "nosuch", "--no-browser"], "CHAPTER: no chapter 'nosuch'"),
+        (["lab", "--port", "99999", "--no-browser"], "--port: expected a port from 1 to 65535"),
+        (["lab", "--port", "0", "--no-browser"], "--port: expected a port from 1 to 65535"),
+        (["lab", "--port", "x"], "argument --port: invalid int value"),
+        (["lab", "--token", "t"], "unrecognized arguments: --token"),
+    ],
+    "serve": [
+        (["serve", "--port", "99999"], "--port: expected a port from 1 to 65535"),
+        (["serve", "--jupyter-port", "-1"], "--jupyter-port: expected a port from 1 to 65535"),
+        (["serve", "--port", "{port}", "--jupyter-port", "{port}"], "must differ, both are"),
+        (["serve", "--html", "{tmp}/empty", "--port", "{port}"], "--html: no built book at"),
+        (["serve", "--token", "t"], "unrecognized arguments: --token"),
+    ],
     "(none)": [
         ([], "the following arguments are required: COMMAND"),
         (["nosuch"], "argument COMMAND: invalid choice: 'nosuch'"),
@@ -160,16 +185,23 @@ def scratch(tmp_path_factory) -> Path:
     return tmp
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_there_are_at_least_40_bad_inputs_and_every_command_has_some():
     assert len(CASES) >= 40
-    assert {"train", "bench", "sweep", "notebooks", "data"} <= set(BAD)
+    assert {"train", "bench", "sweep", "notebooks", "data", "results", "lab", "serve"} <= set(BAD)
 
 
 @pytest.mark.parametrize(
     "command,argv,fragment", CASES, ids=[f"{c}:{' '.join(a[-3:])}" for c, a, _ in CASES]
 )
 def test_bad_input_exits_2_with_one_line_naming_it(command, argv, fragment, scratch, capsys):
-    argv = [a.replace("{tmp}", str(scratch)) for a in argv]
+    port = str(_free_port())
+    argv = [a.replace("{tmp}", str(scratch)).replace("{port}", port) for a in argv]
     rc = main(argv)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]

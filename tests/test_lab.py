@@ -67,8 +67,10 @@ def test_the_smoke_cell_may_end_with_the_switch(tmp_path: Path) -> None:
         chapter_smoke(path)
 
 
-def test_the_lab_command_listens_on_loopback_with_a_token_and_one_port() -> None:
-    cmd = lab.lab_command(port=9123, token="abc", root=Path("/r"), allow_origin="http://x")
-    assert "--ServerApp.ip=127.0.0.1" in cmd and "--IdentityProvider.token=abc" in cmd
+def test_the_lab_command_listens_on_loopback_on_one_port_and_its_token_is_in_the_env() -> None:
+    cmd = lab.lab_command(port=9123, root=Path("/r"), allow_origin="http://x")
+    assert "--ServerApp.ip=127.0.0.1" in cmd and not any("token" in a.lower() for a in cmd)
+    env = lab.kernel_environment(smoke=False, token="abc")
+    assert env["JUPYTER_TOKEN"] == "abc" and lab.TOKEN_ENV not in env
     assert "--ServerApp.port=9123" in cmd and "--ServerApp.port_retries=0" in cmd
     assert "--ServerApp.allow_origin=http://x" in cmd

@@ -15,7 +15,7 @@ Commands:
     results list | show EXPERIMENT PRESET | verify [--sample N]         the stored results
     data {where,verify,fetch}                                           the data files
     claims [--json] [--seed S] [--smoke]                                the claims register
-    lab [CHAPTER] [--smoke] [--port P] [--token T]                      JupyterLab, widgets live
+    lab [CHAPTER] [--smoke] [--port P]                      JupyterLab, widgets live
     serve [--port P] [--jupyter-port P] [--smoke]                       the book, live on a kernel
 
 Errors: bad input (an unknown name, a value out of range, a missing data file, a malformed

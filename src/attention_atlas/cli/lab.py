@@ -4,41 +4,50 @@ token (the helpers: :mod:`attention_atlas.notebooks.lab`)."""
 from __future__ import annotations
 
 import argparse
-import secrets
-import subprocess
 from typing import Any
 
 from attention_atlas.notebooks import repo_root, resolve_chapter
 from attention_atlas.notebooks.lab import (
     SMOKE_ENV,
+    TOKEN_ENV,
+    check_port,
     ensure_jupytext_viewer,
     kernel_environment,
     lab_command,
     run_until_signal,
+    server_token,
+    start_server,
 )
+from attention_atlas.validate import ConfigError
 
 __all__ = ["add_subcommand", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the arguments (the chapter, a free port), then run JupyterLab until a signal."""
     root = repo_root()
     url = "/lab"
     if args.chapter:
-        url = f"/lab/tree/{resolve_chapter(args.chapter).relative_to(root).as_posix()}"
+        try:
+            chapter = resolve_chapter(args.chapter)
+        except FileNotFoundError as err:
+            raise ConfigError(f"CHAPTER: {err}") from None
+        url = f"/lab/tree/{chapter.relative_to(root).as_posix()}"
+    check_port(args.port, "--port")
     ensure_jupytext_viewer()
-    token = args.token or secrets.token_hex(24)
+    token = server_token()
     cmd = lab_command(
         port=args.port,
-        token=token,
         root=root,
         open_browser=not args.no_browser,
         default_url=url,
         extra=[a for a in args.extra if a != "--"],
     )
+    proc = start_server(cmd, kernel_environment(args.smoke, token), root)
     print(f"JupyterLab: http://127.0.0.1:{args.port}{url}?token={token}", flush=True)
     if args.smoke:
         print(f"chapters run with their SMOKE values ({SMOKE_ENV}=1)", flush=True)
-    return run_until_signal(subprocess.Popen(cmd, env=kernel_environment(args.smoke), cwd=root))
+    return run_until_signal(proc)
 
 
 def add_subcommand(subparsers: Any) -> None:
@@ -46,12 +55,13 @@ def add_subcommand(subparsers: Any) -> None:
     lab = subparsers.add_parser(
         "lab",
         help="JupyterLab on the chapters (127.0.0.1, token), widgets live",
-        description="Start JupyterLab on the project: chapters open as notebooks (jupytext).",
+        description="Start JupyterLab on the project: chapters open as notebooks (jupytext). "
+        f"The token is ${TOKEN_ENV} when set, else a random one (printed); it never goes on a "
+        "command line.",
     )
     lab.add_argument("chapter", nargs="?", help="open this chapter (stem or path)")
     lab.add_argument("--smoke", action="store_true", help=f"kernels use SMOKE values ({SMOKE_ENV})")
     lab.add_argument("--port", type=int, default=8888)
-    lab.add_argument("--token", help="the server's token (default: a random one, printed)")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
     lab.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more jupyter lab options")
     lab.set_defaults(func=run)

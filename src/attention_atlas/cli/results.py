@@ -12,6 +12,7 @@ the next runner on that folder resumes it). ``show`` gives one grid's provenance
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from attention_atlas.provenance import format_duration
 from attention_atlas.store.results import Grid, load_grid, results_root, store_dir
 from attention_atlas.sweep.verify import RTOL
 from attention_atlas.train.resumable import in_flight
+from attention_atlas.validate import ConfigError, close_matches
 
 __all__ = ["add_subcommand"]
 
@@ -75,7 +77,39 @@ def add_subcommand(subparsers: Any) -> None:
         q.set_defaults(func=_cli_results)
 
 
+def _check(args: Any) -> None:
+    """Every argument of ``results`` checked before any work (ConfigError: one line, exit 2)."""
+    from attention_atlas.experiments import EXPERIMENTS
+
+    if args.action == "verify":
+        if args.sample < 1:
+            raise ConfigError(f"--sample: expected an integer >= 1, got {args.sample}")
+        if not (math.isfinite(args.rtol) and args.rtol >= 0):
+            raise ConfigError(f"--rtol: expected a finite number >= 0, got {args.rtol}")
+        if args.experiment is not None and args.experiment not in EXPERIMENTS:
+            raise ConfigError(
+                f"--experiment: unknown experiment {args.experiment!r}"
+                f"{close_matches(args.experiment, EXPERIMENTS)}; known: {', '.join(EXPERIMENTS)}"
+            )
+    if args.action == "show":
+        stored = sorted(
+            p.parent.name for p in results_root().glob(f"{args.experiment}/*/grid.json")
+        )
+        if not stored:
+            known = sorted({p.parent.parent.name for p in results_root().glob("*/*/grid.json")})
+            raise ConfigError(
+                f"unknown experiment {args.experiment!r}{close_matches(args.experiment, known)}; "
+                f"stored under {results_root()}: {', '.join(known) or '(none)'}"
+            )
+        if args.preset not in stored:
+            raise ConfigError(
+                f"no stored {args.preset!r} grid of {args.experiment}"
+                f"{close_matches(args.preset, stored)}; stored: {', '.join(stored)}"
+            )
+
+
 def _cli_results(args: Any) -> int:
+    _check(args)
     if args.action == "verify":
         outcomes = verify(args.sample, experiment=args.experiment, preset=args.preset,
                           rtol=args.rtol, seed=args.seed)  # fmt: skip

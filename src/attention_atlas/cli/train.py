@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -11,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from attention_atlas.atomic import FolderInUse, folder_lock
 from attention_atlas.models import ModelConfig
 from attention_atlas.train.config import (
     TrainConfig,
@@ -70,13 +72,22 @@ def _cli_train(args: argparse.Namespace) -> int:
     from attention_atlas.train.loop import train
 
     task, mcfg, tcfg, task_opts, resume = _checked(args)
-    data = load_task(task, args.data_dir, **task_opts)
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        print(f"task {task}: {data!r}", file=sys.stderr)
-    with warnings.catch_warnings():  # a divergence is reported below, in one line
-        warnings.filterwarnings("ignore", "training diverged", RuntimeWarning)
-        res = train(mcfg, tcfg, data, resume=resume)
+    # one writer per --out, held from before the data loads (rank 0 writes the folder)
+    writer: Any = folder_lock(str(tcfg.out_dir), "train") if rank == 0 else contextlib.nullcontext()
+    try:
+        writer.__enter__()
+    except FolderInUse as err:
+        raise ConfigError(f"--out: {err}") from None
+    try:
+        data = load_task(task, args.data_dir, **task_opts)
+        if rank == 0:
+            print(f"task {task}: {data!r}", file=sys.stderr)
+        with warnings.catch_warnings():  # a divergence is reported below, in one line
+            warnings.filterwarnings("ignore", "training diverged", RuntimeWarning)
+            res = train(mcfg, tcfg, data, resume=resume)
+    finally:
+        writer.__exit__(None, None, None)
     if rank != 0:
         return 0 if res.diverged is None else 1
     if res.diverged is not None:

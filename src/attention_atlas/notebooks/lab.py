@@ -4,12 +4,12 @@ switch that runs a chapter with its small ``SMOKE`` values from JupyterLab itsel
 Commands (``python -m attention_atlas ...``, :mod:`attention_atlas.cli.lab` and
 :mod:`attention_atlas.cli.serve`; ``make lab`` and ``make serve`` call them):
 
-``lab [CHAPTER] [--smoke] [--port P] [--token T] [--no-browser]``
+``lab [CHAPTER] [--smoke] [--port P] [--no-browser]``
     JupyterLab on the project, listening on 127.0.0.1 only, with a token. The chapters
     (``notebooks/*.py``, jupytext) open as notebooks; ``CHAPTER`` opens one directly. With
     ``--smoke`` every kernel runs its chapter with the ``SMOKE`` values (see :func:`apply_smoke`).
 
-``serve [--port 8000] [--jupyter-port 8888] [--token T] [--smoke] [--html DIR] [--no-browser]``
+``serve [--port 8000] [--jupyter-port 8888] [--smoke] [--html DIR] [--no-browser]``
     The built book (``_build/html``) over HTTP on 127.0.0.1, and a Jupyter server on 127.0.0.1
     that accepts the book's origin (``allow_origin``) and a token. Every chapter page has a
     "Go live" button (``book/_ext/atlas_book.py``) that runs the page's cells on that server,
@@ -26,11 +26,14 @@ its own values.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import http.server
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -39,19 +42,25 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from attention_atlas.validate import ConfigError
+
 from . import HEADLESS_ENV, ParameterError
 from . import validate_parameters as _validate
 
 __all__ = [
     "SMOKE_ENV",
+    "TOKEN_ENV",
     "apply_smoke",
+    "check_port",
     "ensure_jupytext_viewer",
     "kernel_environment",
     "lab_command",
     "live_fragment",
     "run_until_signal",
     "serve_book",
+    "server_token",
     "smoke_requested",
+    "start_server",
 ]
 
 #: set to 1 in a kernel's environment to run chapters with their SMOKE values
@@ -110,14 +119,15 @@ def ensure_jupytext_viewer() -> None:
 def lab_command(
     *,
     port: int,
-    token: str,
     root: Path,
     open_browser: bool = False,
     default_url: str = "/lab",
     allow_origin: str | None = None,
     extra: list[str] | None = None,
 ) -> list[str]:
-    """The ``jupyter lab`` command line: 127.0.0.1 only, this port (no retries), this token."""
+    """The ``jupyter lab`` command line: 127.0.0.1 only, this port (no retries). The token is
+    not on it (any local account reads command lines with ``ps``): the server reads it from
+    ``JUPYTER_TOKEN`` in its environment (:func:`kernel_environment`)."""
     cmd = [
         sys.executable,
         "-m",
@@ -125,7 +135,6 @@ def lab_command(
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root}",
         f"--LabApp.default_url={default_url}",
         f"--ServerApp.open_browser={open_browser}",
@@ -137,14 +146,51 @@ def lab_command(
     return cmd + list(extra or [])
 
 
-def kernel_environment(smoke: bool) -> dict[str, str]:
-    """This process's environment for a lab's kernels: interactive (not headless), with the
-    SMOKE switch on when ``smoke``."""
+#: the environment variable a token for ``lab``/``serve`` is read from (never an argument)
+TOKEN_ENV = "ATTENTION_ATLAS_TOKEN"
+
+
+def server_token() -> str:
+    """The token of a ``lab``/``serve`` server: ``$ATTENTION_ATLAS_TOKEN`` when set, else a
+    fresh random one."""
+    return os.environ.get(TOKEN_ENV) or secrets.token_hex(24)
+
+
+def kernel_environment(smoke: bool, token: str) -> dict[str, str]:
+    """The Jupyter server's environment (its kernels inherit it): interactive (not headless),
+    the SMOKE switch on when ``smoke``, and the token in ``JUPYTER_TOKEN`` (readable only by this
+    user, unlike a command line)."""
     env = dict(os.environ)
     env.pop(HEADLESS_ENV, None)  # kernels of a lab are interactive
+    env.pop(TOKEN_ENV, None)
+    env["JUPYTER_TOKEN"] = token
     if smoke:
         env[SMOKE_ENV] = "1"
     return env
+
+
+def check_port(port: int, option: str) -> None:
+    """``port`` is a TCP port (1 to 65535) that is free on 127.0.0.1; else :class:`ConfigError`
+    naming ``option``."""
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"{option}: expected a port from 1 to 65535, got {port!r}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise ConfigError(f"{option}: 127.0.0.1:{port} is not free ({err.strerror})") from None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before exec
+    """In the child of :func:`start_server`: SIGTERM when the parent dies (Linux), so a killed
+    ``lab``/``serve`` takes its server, which stops its kernels, with it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_server(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """Start the Jupyter server ``cmd``, tied to this process's life (:func:`_die_with_parent`)."""
+    return subprocess.Popen(cmd, env=env, cwd=cwd, preexec_fn=_die_with_parent)
 
 
 def run_until_signal(proc: subprocess.Popen, cleanup: Any = None) -> int:

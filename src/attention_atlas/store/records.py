@@ -40,6 +40,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attention_atlas.atomic import pid_alive
+from attention_atlas.validate import InputError
+
 __all__ = [
     "RESERVED",
     "Cell",
@@ -185,9 +188,26 @@ def write_atomic(path: str | os.PathLike[str], text: str, *, overwrite: bool = T
         tmp.unlink(missing_ok=True)
 
 
+class DamagedRecord(InputError, ValueError):
+    """A stored record that cannot be read (the message names its file and why)."""
+
+
+def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The record in ``path``; :class:`DamagedRecord` naming the file when it is not a JSON
+    object (truncated, edited into something else, unreadable)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedRecord(f"{path}: not a readable record ({err})") from None
+    if not isinstance(record, dict):
+        raise DamagedRecord(f"{path}: not a record (a JSON {type(record).__name__})")
+    return record
+
+
 def read_records(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every finished cell's record under ``folder/cells``, sorted by key."""
-    return [json.loads(p.read_text()) for p in sorted(Path(folder, "cells").glob("*.json"))]
+    """Every finished cell's record under ``folder/cells``, sorted by key
+    (:class:`DamagedRecord` names one that cannot be read)."""
+    return [load_record(p) for p in sorted(Path(folder, "cells").glob("*.json"))]
 
 
 def records_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -223,19 +243,6 @@ def write_csv(folder: str | os.PathLike[str]) -> Path:
 # ----------------------------------------------------------------------------------------
 # per-cell locks
 # ----------------------------------------------------------------------------------------
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed child that nobody reaped yet is a zombie: dead for our purpose
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 class CellLocks:
@@ -314,7 +321,7 @@ class CellLocks:
             return age > 10.0
         if age > self.stale_after:
             return True
-        return info.get("host") == self.host and not _pid_alive(int(info.get("pid", -1)))
+        return info.get("host") == self.host and not pid_alive(int(info.get("pid", -1)))
 
     def _take_over_if_stale(self, path: Path) -> bool:
         try:

@@ -34,7 +34,15 @@ import pandas as pd
 
 from attention_atlas.provenance import Provenance
 
-from .records import CellLocks, canonical, cell_key, config_hash, make_cells, write_atomic
+from .records import (
+    CellLocks,
+    canonical,
+    cell_key,
+    config_hash,
+    load_record,
+    make_cells,
+    write_atomic,
+)
 
 __all__ = [
     "Grid",
@@ -165,7 +173,7 @@ def grid_from_folder(
     for cell in make_cells(configs, seeds):
         path = Path(folder) / "cells" / f"{cell_key(cell)}.json"
         if path.exists():
-            records[(cell.config, cell.seed)] = json.loads(path.read_text())
+            records[(cell.config, cell.seed)] = load_record(path)
         else:
             missing.append((cell.config, cell.seed))
     recs = list(records.values())

@@ -50,6 +50,7 @@ from attention_atlas.store.records import (
     cell_key,
     dumps_record,
     jsonable,
+    load_record,
     make_cells,
     read_records,
     records_frame,
@@ -71,7 +72,7 @@ def load_cell(out_dir: str | Path, cell: Cell) -> dict[str, Any]:
     path = Path(out_dir) / "cells" / f"{cell_key(cell)}.json"
     if not path.exists():
         raise FileNotFoundError(f"cell {cell.config} seed={cell.seed} is not finished: no {path}")
-    return dict(json.loads(path.read_text()))
+    return load_record(path)
 
 
 def load_results(out_dir: str | Path, cells: Iterable[Cell] | None = None) -> pd.DataFrame:
@@ -82,7 +83,7 @@ def load_results(out_dir: str | Path, cells: Iterable[Cell] | None = None) -> pd
     if cells is None:
         return records_frame(read_records(out_dir))
     paths = [Path(out_dir) / "cells" / f"{cell_key(c)}.json" for c in cells]
-    return records_frame(json.loads(p.read_text()) for p in paths if p.exists())
+    return records_frame(load_record(p) for p in paths if p.exists())
 
 
 # ----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from attention_atlas.store.records import RESERVED
+from attention_atlas.store.records import RESERVED, load_record
 from attention_atlas.store.results import results_root
 
 from .backends import execute_cell
@@ -147,7 +147,7 @@ def verify(
     chosen = sorted(random.Random(seed).sample(paths, min(sample, len(paths))))
     outcomes = []
     for path in chosen:
-        rec = json.loads(path.read_text())
+        rec = load_record(path)
         prov = rec.get("provenance", {})
         mod = resolve(prov.get("experiment") or path.parents[2].name)
         on_gpu = prov.get("device") == "cuda"

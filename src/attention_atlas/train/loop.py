@@ -3,6 +3,7 @@ record)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from attention_atlas import native
-from attention_atlas.atomic import atomic_path, atomic_write_text
+from attention_atlas.atomic import FolderInUse, atomic_path, atomic_write_text, folder_lock
 from attention_atlas.data import ArrayTask, TextCorpus
 from attention_atlas.models import ModelConfig, Transformer, param_counts
 from attention_atlas.models.hooks import get_regularizer
@@ -103,8 +104,13 @@ def train(
     )
     if cfg.deterministic:
         _set_deterministic(True, warn_only=True)
+    writer = (  # one writer per out_dir (rank 0 writes it): a second run into it is refused
+        folder_lock(cfg.out_dir, "train")
+        if cfg.out_dir and rank_world()[0] == 0
+        else contextlib.nullcontext()
+    )
     try:
-        with intra_op_threads(cfg.num_threads):
+        with _out_dir_held(writer), intra_op_threads(cfg.num_threads):
             run = build_run(model_cfg, cfg, data, device, callbacks or [])
             if (resume or run.slot) and run.ckpt_path is not None and run.ckpt_path.exists():
                 run.progress = load_checkpoint(
@@ -126,6 +132,23 @@ def train(
         _set_deterministic(*det_before)
         if own_group:
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _out_dir_held(writer: Any) -> Any:
+    """Enter ``writer`` (a :func:`~attention_atlas.atomic.folder_lock`), a folder held by another
+    run becoming a :class:`ConfigError` (one line, exit 2 on the command line)."""
+    try:
+        held = writer.__enter__()
+    except FolderInUse as err:
+        raise ConfigError(f"out_dir: {err}") from None
+    try:
+        yield held
+    except BaseException:
+        if not writer.__exit__(*sys.exc_info()):
+            raise
+    else:
+        writer.__exit__(None, None, None)
 
 
 def _set_deterministic(mode: bool, warn_only: bool) -> None:
