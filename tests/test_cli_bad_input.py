@@ -108,6 +108,15 @@ BAD = {
             "--checkpoint-every must be at least 0, got -3",
         ),
     ],
+    "sweep values": [
+        (["sweep", "toy", "--preset", "book", "-p", "steps=-5"], "steps: expected an integer >= 1"),
+        (["sweep", "toy", "-p", "steps=2.5"], "steps: expected an integer >= 1, got 2.5"),
+        (["sweep", "toy", "-p", "lr=NaN"], "-p lr: expected finite numbers, got NaN"),
+        (["sweep", "toy", "-p", "lr=-1"], "lr: expected a finite number > 0, got -1"),
+        (["sweep", "toy", "-p", "dims=[8,0]"], "dims[1]: expected an integer >= 1, got 0"),
+        (["sweep", "toy", "-p", "dims=[9]"], "dims: 9 is not divisible by n_heads=2"),
+        (["sweep", "fiber-bundle", "-p", "steps=Infinity"], "-p steps: expected finite numbers"),
+    ],
     "notebooks": [
         (["notebooks", "run", "no_such_chapter"], "no chapter 'no_such_chapter'"),
         (NOTEBOOK + ["-p", "no_such_parameter=1"], "unknown parameter(s) ['no_such_parameter']"),

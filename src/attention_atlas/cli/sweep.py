@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,18 @@ from attention_atlas.sweep.runner import run_experiment
 from attention_atlas.validate import ConfigError, close_matches
 
 __all__ = ["add_subcommand", "run"]
+
+
+def _finite(value: Any) -> bool:
+    """Whether every number in ``value`` (a parsed ``-p`` value: nested lists and dicts) is
+    finite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def _parse_value(text: str) -> Any:
@@ -98,6 +111,8 @@ def run(args: Any) -> int:
                     f"{close_matches(key, params)}; it has: {', '.join(params)}"
                 )
             kwargs[key] = _parse_value(val)
+            if not _finite(kwargs[key]):
+                raise ConfigError(f"-p {key}: expected finite numbers, got {val}")
         try:
             grid = mod.chapter_grid(**kwargs)
         except (TypeError, ValueError) as err:

@@ -13,6 +13,7 @@ numbers, bit for bit), so tests can compare backends exactly and CI can re-run a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -60,7 +61,22 @@ def chapter_grid(
     n_heads: int = 2,
     lr: float = 3e-2,
 ) -> dict[str, dict[str, Any]]:
-    """One configuration per model width: ``dim-<D>`` -> its parameters."""
+    """One configuration per model width: ``dim-<D>`` -> its parameters (each checked: a
+    ``ValueError`` names the first one out of range)."""
+    counts = {"steps": steps, "vocab": vocab, "seq_len": seq_len, "batch_size": batch_size,
+              "n_heads": n_heads, **{f"dims[{i}]": d for i, d in enumerate(dims)}}  # fmt: skip
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    if (
+        isinstance(lr, bool)
+        or not isinstance(lr, int | float)
+        or not (math.isfinite(lr) and lr > 0)
+    ):
+        raise ValueError(f"lr: expected a finite number > 0, got {lr!r}")
+    for d in dims:
+        if d % n_heads:
+            raise ValueError(f"dims: {d} is not divisible by n_heads={n_heads}")
     return {
         f"dim-{d}": {
             "dim": int(d),
