@@ -73,6 +73,10 @@ BAD = {
             "data file ptb-char/ptb.char.train.txt is missing from",
         ),  # fmt: skip
         (["train", "--task", "copy", "--out", "{tmp}/a_file"], "--out: {tmp}/a_file is a file"),
+        (["train", "--task", "copy", "--out", "{tmp}/a_file/run"], "which is a file"),
+        (["train", "--task", "copy", "--out", "/proc/atlas-run"], "under /proc, where nothing"),
+        (TRAIN + ["--config", "{tmp}/pipe.yaml"], "pipe.yaml is not a regular file"),
+        (TRAIN + ["--config", "{tmp}"], "is not a regular file"),
         (["train", "--task", "copy", "--out", "{tmp}/done"], "holds the checkpoint of an earlier"),
     ],
     "bench": [
@@ -93,6 +97,8 @@ BAD = {
         (BENCH + ["--train", "--store", "--machine", "Xeon 2GHz"], "--machine: a machine label is"),
         (BENCH + ["dot", "--dtype", "float8"], "argument --dtype: invalid choice"),
         (BENCH + ["dot", "-L", "abc"], "argument -L/--length: invalid int value"),
+        (BENCH + ["dot", "--json", "{tmp}/a_file/b.json"], "--json: {tmp}/a_file/b.json is under"),
+        (BENCH + ["dot", "--json", "{tmp}"], "is a folder, expected a file name"),
     ],
     "sweep": [
         (["sweep", "nosuch"], "argument experiment: invalid choice: 'nosuch'"),
@@ -103,6 +109,8 @@ BAD = {
         (["sweep", "fiber-bundle", "--seeds", "0", "0"], "--seeds: expected distinct"),
         (["sweep", "fiber-bundle", "--preset", "smoke", "--only", "zzz"], "--only: unknown"),
         (["sweep", "fiber-bundle", "--out", "{tmp}/a_file"], "--out: {tmp}/a_file is a file"),
+        (["sweep", "toy", "--out", "{tmp}/a_file/grid"], "which is a file"),
+        (["sweep", "toy", "--out", "/proc/atlas-grid"], "under /proc, where nothing"),
         (
             ["sweep", "toy", "--checkpoint-every", "-3"],
             "--checkpoint-every must be at least 0, got -3",
@@ -125,6 +133,7 @@ BAD = {
         (NOTEBOOK + ["-j", "0"], "--jobs: expected an integer >= 1, got 0"),
         (NOTEBOOK + ["--timeout", "-1"], "--timeout: expected a number of seconds > 0"),
         (["notebooks", "run", "{tmp}/99_tiny.py", "--out", "{tmp}/a_file"], "is a file"),
+        (["notebooks", "run", "{tmp}/99_tiny.py", "--out", "{tmp}/a_file/x"], "which is a file"),
         (["notebooks", "nosuch"], "invalid choice: 'nosuch'"),
     ],
     "data": [
@@ -177,6 +186,7 @@ def scratch(tmp_path_factory) -> Path:
     (tmp / "section.yaml").write_text("trian: {steps: 3}\n")
     (tmp / "broken.json").write_text('{"model": {"dim": 16,}}')
     (tmp / "a_file").write_text("not a folder\n")
+    os.mkfifo(tmp / "pipe.yaml")  # a named pipe: reading it would wait for a writer
     (tmp / "empty").mkdir()
     (tmp / "done").mkdir()
     (tmp / "done" / "checkpoint.pt").write_bytes(b"")

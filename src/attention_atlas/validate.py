@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass
 from functools import cache
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from annotated_types import Ge, Gt, Le, Lt
 
 __all__ = [
+    "check_output_path",
     "check_device",
     "ConfigError",
     "Fraction",
@@ -178,3 +181,29 @@ def check_fields(obj: Any, section: str, cls: type | None = None) -> None:
     if not is_dataclass(cls):
         raise TypeError(f"check_fields needs a dataclass, got {cls.__name__}")
     from_mapping(cls, {f.name: getattr(obj, f.name) for f in fields(cls)}, section)
+
+
+#: file systems nothing is written to (kernel interfaces)
+_SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def check_output_path(path: str | os.PathLike[str], option: str, *, folder: bool) -> None:
+    """``path`` can be written (a folder with ``folder``, else a file): it is not an existing
+    path of the other kind, no part above it is a file, it is not under ``/proc``, ``/sys`` or
+    ``/dev``, and its nearest existing folder is writable; else :class:`ConfigError` naming
+    ``option``. Nothing is created."""
+    target = Path(path).expanduser()
+    if target.exists() and target.is_dir() != folder:
+        kind, want = ("a file", "a folder") if folder else ("a folder", "a file name")
+        raise ConfigError(f"{option}: {path} is {kind}, expected {want}")
+    absolute = Path(os.path.abspath(target))
+    if any(absolute == Path(r) or Path(r) in absolute.parents for r in _SPECIAL_ROOTS):
+        raise ConfigError(f"{option}: {path} is under {absolute.parts[0]}{absolute.parts[1]}, "
+                          "where nothing is written")  # fmt: skip
+    above = absolute.parent if not target.exists() else absolute
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise ConfigError(f"{option}: {path} is under {above}, which is a file")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option}: {above} is not writable (for {path})")

@@ -19,6 +19,7 @@ from attention_atlas.validate import (
     NonNegativeInt,
     PositiveInt,
     check_device,
+    check_output_path,
     close_matches,
     from_mapping,
 )
@@ -192,8 +193,8 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 f"--options: attention variant {name!r} does not take {bad[0]!r}; "
                 f"it takes: {', '.join(sorted(takes))}"
             )
-    if args.json and Path(args.json).is_dir():
-        raise ConfigError(f"--json: {args.json} is a folder, expected a file name")
+    if args.json:
+        check_output_path(args.json, "--json", folder=False)
     return options
 
 

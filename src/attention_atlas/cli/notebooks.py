@@ -18,7 +18,7 @@ from attention_atlas.notebooks.chapters import (
 )
 from attention_atlas.notebooks.chapters import chapters as chapter_paths
 from attention_atlas.notebooks.runner import run_chapters
-from attention_atlas.validate import ConfigError
+from attention_atlas.validate import ConfigError, check_output_path
 
 __all__ = ["add_subcommand"]
 
@@ -28,8 +28,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--jobs: expected an integer >= 1, got {args.jobs}")
     if args.timeout is not None and not 0 < args.timeout < math.inf:
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
-    if args.out and Path(args.out).is_file():
-        raise ConfigError(f"--out: {args.out} is a file, expected a folder")
+    if args.out:
+        check_output_path(args.out, "--out", folder=True)
     overrides = dict(parse_override(t) for t in args.param)
     try:
         results = run_chapters(

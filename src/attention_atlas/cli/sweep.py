@@ -14,7 +14,7 @@ from attention_atlas.experiments import EXPERIMENTS, experiment
 from attention_atlas.store.results import store_dir
 from attention_atlas.sweep.backends import BACKENDS
 from attention_atlas.sweep.runner import run_experiment
-from attention_atlas.validate import ConfigError, close_matches
+from attention_atlas.validate import ConfigError, check_output_path, close_matches
 
 __all__ = ["add_subcommand", "run"]
 
@@ -123,8 +123,7 @@ def run(args: Any) -> int:
                 f"--only: unknown configuration(s) {unknown}; known: {', '.join(grid)}"
             )
         out = args.out or str(store_dir(args.experiment, args.preset))
-        if Path(out).is_file():
-            raise ConfigError(f"--out: {out} is a file, expected a folder")
+        check_output_path(out, "--out", folder=True)
         return mod, kwargs, grid, out
 
     mod, kwargs, grid, out = checked()

@@ -21,7 +21,7 @@ from attention_atlas.train.config import (
     check_run,
     load_config_file,
 )
-from attention_atlas.validate import ConfigError
+from attention_atlas.validate import ConfigError, check_output_path
 
 __all__ = ["add_subcommand"]
 
@@ -125,8 +125,7 @@ def _checked(
     check_run(tcfg)
     if args.data_dir is not None and Path(args.data_dir).is_file():
         raise ConfigError(f"--data-dir: {args.data_dir} is a file, expected a folder")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} is a file, expected a folder")
+    check_output_path(out, "--out", folder=True)
     ckpt = out / "checkpoint.pt"
     if args.resume and not ckpt.exists():
         raise ConfigError(

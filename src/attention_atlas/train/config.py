@@ -209,10 +209,12 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A JSON or YAML file with optional sections ``model``, ``train``, ``task``, ``task_options``.
 
     Raises:
-        ConfigError: the file is missing, unreadable, not valid JSON/YAML, not a mapping, or has
+        ConfigError: the file is missing, not a regular file, unreadable, not valid JSON/YAML, not a mapping, or has
             an unknown section or a section that is not a mapping (one line).
     """
     p = Path(path)
+    if p.exists() and not p.is_file():  # a folder, a named pipe (reading one would wait forever)
+        raise ConfigError(f"config file {p} is not a regular file")
     try:
         text = p.read_text()
     except FileNotFoundError:
