@@ -99,6 +99,8 @@ BAD = {
         (BENCH + ["dot", "-L", "abc"], "argument -L/--length: invalid int value"),
         (BENCH + ["dot", "--json", "{tmp}/a_file/b.json"], "--json: {tmp}/a_file/b.json is under"),
         (BENCH + ["dot", "--json", "{tmp}"], "is a folder, expected a file name"),
+        (BENCH + ["--lengths", "8", "--max-call-s", "nan"], "--max-call-s: expected a finite"),
+        (BENCH + ["--lengths", "8", "--max-memory-gib", "0"], "--max-memory-gib: expected a"),
     ],
     "sweep": [
         (["sweep", "nosuch"], "argument experiment: invalid choice: 'nosuch'"),
@@ -111,6 +113,8 @@ BAD = {
         (["sweep", "fiber-bundle", "--out", "{tmp}/a_file"], "--out: {tmp}/a_file is a file"),
         (["sweep", "toy", "--out", "{tmp}/a_file/grid"], "which is a file"),
         (["sweep", "toy", "--out", "/proc/atlas-grid"], "under /proc, where nothing"),
+        (["sweep", "toy", "--gpus-per-cell", "1"], "--gpus-per-cell is a Dask resource request"),
+        (["sweep", "toy", "--workers", "100000"], "--workers: 100000 processes, but this machine"),
         (
             ["sweep", "toy", "--checkpoint-every", "-3"],
             "--checkpoint-every must be at least 0, got -3",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,12 @@ def check_bench_args(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             )
     if args.json:
         check_output_path(args.json, "--json", folder=False)
+    for flag, value in (
+        ("--max-call-s", args.max_call_s),
+        ("--max-memory-gib", args.max_memory_gib),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag}: expected a finite number > 0, got {value}")
     return options
 
 

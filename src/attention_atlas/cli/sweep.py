@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,13 @@ def _run_cli_sweep(args: Any, kwargs: dict[str, Any]) -> int:
                                ("--checkpoint-every", args.checkpoint_every, 0)):  # fmt: skip
         if value < least:
             raise ConfigError(f"{flag} must be at least {least}, got {value}")
+    if args.backend == "local" and args.gpus_per_cell:
+        raise ConfigError("--gpus-per-cell is a Dask resource request: it needs --backend dask")
+    cores = os.cpu_count() or 1
+    if args.backend == "local" and args.workers > cores:
+        raise ConfigError(
+            f"--workers: {args.workers} processes, but this machine has {cores} cores"
+        )
     if args.scheduler_file is not None:
         try:
             address = json.loads(Path(args.scheduler_file).read_text())["address"]
