@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,15 @@ def _check(args: Any) -> None:
 
 def _cli_results(args: Any) -> int:
     _check(args)
+    with warnings.catch_warnings(record=True) as seen:  # damaged records: one line each
+        warnings.simplefilter("always", RuntimeWarning)
+        code = _results(args)
+    for w in seen:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return code
+
+
+def _results(args: Any) -> int:
     if args.action == "verify":
         outcomes = verify(args.sample, experiment=args.experiment, preset=args.preset,
                           rtol=args.rtol, seed=args.seed)  # fmt: skip
@@ -120,7 +131,7 @@ def _cli_results(args: Any) -> int:
         print("[verify] " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         return 1 if counts["differs"] or counts["exact"] + counts["close"] == 0 else 0
     if args.action == "show":
-        grid = load_grid(args.experiment, args.preset, complete=False)
+        grid = load_grid(args.experiment, args.preset, complete=False, skip_damaged=True)
         print(grid.provenance.text)
         if grid.missing:
             print(f"missing: {len(grid.missing)} cells, e.g. {grid.missing[:3]}")
@@ -139,7 +150,7 @@ def _cli_results(args: Any) -> int:
     rows = []
     for manifest_path in sorted(results_root().glob("*/*/grid.json")):
         m = json.loads(manifest_path.read_text())
-        g = load_grid(m["experiment"], manifest_path.parent.name, complete=False)
+        g = load_grid(m["experiment"], manifest_path.parent.name, complete=False, skip_damaged=True)
         pv = g.provenance
         rows.append({"experiment": m["experiment"], "preset": manifest_path.parent.name,
                      "cells": f"{pv.n_cells}/{pv.n_cells + len(g.missing)}", "seeds": len(m["seeds"]),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,18 +165,25 @@ class Grid:
 
 def grid_from_folder(
     folder: str | os.PathLike[str], configs: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
-    *, source: str, experiment: str, preset: str,
+    *, source: str, experiment: str, preset: str, skip_damaged: bool = False,
 ) -> Grid:  # fmt: skip
-    """The records of ``configs x seeds`` found in ``folder`` (a sweep folder)."""
-    from .records import records_frame
+    """The records of ``configs x seeds`` found in ``folder`` (a sweep folder). A record that
+    cannot be read or fails its checksum raises :class:`~.records.DamagedRecord` naming it, or
+    with ``skip_damaged`` is warned about and counted missing."""
+    from .records import DamagedRecord, records_frame
 
     records, missing = {}, []
     for cell in make_cells(configs, seeds):
         path = Path(folder) / "cells" / f"{cell_key(cell)}.json"
-        if path.exists():
-            records[(cell.config, cell.seed)] = load_record(path)
-        else:
-            missing.append((cell.config, cell.seed))
+        try:
+            if path.exists():
+                records[(cell.config, cell.seed)] = load_record(path)
+                continue
+        except DamagedRecord as err:
+            if not skip_damaged:
+                raise
+            warnings.warn(f"{err}; skipped", RuntimeWarning, stacklevel=2)
+        missing.append((cell.config, cell.seed))
     recs = list(records.values())
     prov = Provenance.from_records(recs, source=source, experiment=experiment, preset=preset,
                                    folder=folder)  # fmt: skip
@@ -190,12 +198,14 @@ def load_grid(
     *,
     root: str | os.PathLike[str] | None = None,
     complete: bool = True,
+    skip_damaged: bool = False,
 ) -> Grid:
     """The stored grid ``results/<experiment>/<preset>`` (``root``: another store than results/).
 
     ``configs`` and ``seeds`` default to those of its ``grid.json``. Raises FileNotFoundError
     when nothing is stored there, and :class:`IncompleteGrid` when a cell is missing (unless
     ``complete=False``: then the grid has what is there and ``missing`` lists the rest).
+    ``skip_damaged``: see :func:`grid_from_folder`.
     """
     folder = store_dir(experiment, preset, root)
     manifest = _read_manifest(folder)
@@ -206,7 +216,13 @@ def load_grid(
     configs = configs if configs is not None else manifest["configs"]  # type: ignore[index]
     seeds = seeds if seeds is not None else manifest["seeds"]  # type: ignore[index]
     grid = grid_from_folder(
-        folder, configs, seeds, source="stored", experiment=experiment, preset=preset
+        folder,
+        configs,
+        seeds,
+        source="stored",
+        experiment=experiment,
+        preset=preset,
+        skip_damaged=skip_damaged,
     )
     if complete and grid.missing:
         (c, s), n = grid.missing[0], len(grid.missing)
