@@ -5,7 +5,6 @@ exit status 2 (``--debug`` shows the traceback)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from live_servers import free_port
 
 from attention_atlas.__main__ import main
 
@@ -208,12 +208,6 @@ def scratch(tmp_path_factory) -> Path:
     return tmp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_there_are_at_least_40_bad_inputs_and_every_command_has_some():
     assert len(CASES) >= 40
     assert {"train", "bench", "sweep", "notebooks", "data", "results", "lab", "serve"} <= set(BAD)
@@ -223,7 +217,7 @@ def test_there_are_at_least_40_bad_inputs_and_every_command_has_some():
     "command,argv,fragment", CASES, ids=[f"{c}:{' '.join(a[-3:])}" for c, a, _ in CASES]
 )
 def test_bad_input_exits_2_with_one_line_naming_it(command, argv, fragment, scratch, capsys):
-    port = str(_free_port())
+    port = str(free_port())
     argv = [a.replace("{tmp}", str(scratch)).replace("{port}", port) for a in argv]
     rc = main(argv)
     err = capsys.readouterr().err

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from live_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _command_lines() -> dict[int, str]:
@@ -47,7 +41,7 @@ def _answers(port: int, token: str) -> bool:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")
 def test_the_token_is_on_no_command_line_and_the_server_dies_with_its_wrapper(tmp_path):
-    port, token = _free_port(), "t" + os.urandom(16).hex()
+    port, token = free_port(), "t" + os.urandom(16).hex()
     env = {**os.environ, "ATTENTION_ATLAS_TOKEN": token, "JUPYTER_CONFIG_DIR": str(tmp_path / "c"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "r"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "w")}  # fmt: skip
     log = (tmp_path / "lab.log").open("w")

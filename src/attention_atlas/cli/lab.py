@@ -11,11 +11,7 @@ from attention_atlas.notebooks.lab import (
     SMOKE_ENV,
     TOKEN_ENV,
     check_port,
-    ensure_jupytext_viewer,
-    kernel_environment,
-    lab_command,
     run_until_signal,
-    server_token,
     start_server,
 )
 from attention_atlas.validate import ConfigError
@@ -34,16 +30,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"CHAPTER: {err}") from None
         url = f"/lab/tree/{chapter.relative_to(root).as_posix()}"
     check_port(args.port, "--port")
-    ensure_jupytext_viewer()
-    token = server_token()
-    cmd = lab_command(
-        port=args.port,
-        root=root,
-        open_browser=not args.no_browser,
-        default_url=url,
-        extra=[a for a in args.extra if a != "--"],
-    )
-    proc = start_server(cmd, kernel_environment(args.smoke, token), root)
+    proc, token = start_server(
+        port=args.port, root=root, smoke=args.smoke, open_browser=not args.no_browser,
+        default_url=url, extra=[a for a in args.extra if a != "--"],
+    )  # fmt: skip
     print(f"JupyterLab: http://127.0.0.1:{args.port}{url}?token={token}", flush=True)
     if args.smoke:
         print(f"chapters run with their SMOKE values ({SMOKE_ENV}=1)", flush=True)

@@ -12,13 +12,9 @@ from attention_atlas.notebooks.lab import (
     SMOKE_ENV,
     TOKEN_ENV,
     check_port,
-    ensure_jupytext_viewer,
-    kernel_environment,
-    lab_command,
     live_fragment,
     run_until_signal,
     serve_book,
-    server_token,
     start_server,
 )
 from attention_atlas.validate import ConfigError
@@ -39,11 +35,10 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, OSError) as err:
         raise ConfigError(f"--html: {err}") from None
     origin = f"http://127.0.0.1:{book.server_address[1]}"
-    ensure_jupytext_viewer()
-    token = server_token()
     jupyter = f"http://127.0.0.1:{args.jupyter_port}/"
-    cmd = lab_command(port=args.jupyter_port, root=root, allow_origin=origin)
-    proc = start_server(cmd, kernel_environment(args.smoke, token), root)
+    proc, token = start_server(
+        port=args.jupyter_port, root=root, smoke=args.smoke, allow_origin=origin
+    )
     address = f"{origin}/index.html{live_fragment(jupyter, token)}"
     print(f"The book, live: {address}\n(Jupyter server {jupyter}, token {token})", flush=True)
     if not args.no_browser:

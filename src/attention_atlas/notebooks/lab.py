@@ -188,9 +188,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_server(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
-    """Start the Jupyter server ``cmd``, tied to this process's life (:func:`_die_with_parent`)."""
-    return subprocess.Popen(cmd, env=env, cwd=cwd, preexec_fn=_die_with_parent)
+def start_server(
+    *, port: int, root: Path, smoke: bool, **options: Any
+) -> tuple[subprocess.Popen, str]:
+    """Start ``lab`` and ``serve``'s Jupyter server on 127.0.0.1:``port`` over ``root``
+    (:func:`lab_command` with ``options``), its token (:func:`server_token`) in its environment
+    (:func:`kernel_environment`), tied to this process's life (:func:`_die_with_parent`);
+    ``(process, token)``."""
+    ensure_jupytext_viewer()
+    token = server_token()
+    cmd = lab_command(port=port, root=root, **options)
+    env = kernel_environment(smoke, token)
+    return subprocess.Popen(cmd, env=env, cwd=root, preexec_fn=_die_with_parent), token
 
 
 def run_until_signal(proc: subprocess.Popen, cleanup: Any = None) -> int:
