@@ -94,7 +94,7 @@ matroidal_seeds() {  # LOG WORKERS WHERE SEED...: chapter 5's grid, one seed at 
     shift 3
     for seed in "$@"; do
         [ "$(left)" -gt 60 ] || break
-        timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep matroidal --seeds "$seed" \
+        timeout $(($(left) - 45)) "$PY" -m attention_atlas sweep matroidal --seeds "$seed" --join \
             --preset "$PRESET" --workers "$workers" --no-progress >> "$log" 2>&1
         echo "gpu_run: sweep matroidal ($where) seed $seed ended ($?)" >> "$log"
     done

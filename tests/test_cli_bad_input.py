@@ -116,6 +116,29 @@ BAD = {
         (["sweep", "toy", "--gpus-per-cell", "1"], "--gpus-per-cell is a Dask resource request"),
         (["sweep", "toy", "--workers", "100000"], "--workers: 100000 processes, but this machine"),
         (
+            ["sweep", "toy", "--backend", "dask", "--workers", "100000"],
+            "--workers: 100000 processes, but this machine",
+        ),
+        (
+            [
+                "sweep",
+                "toy",
+                "--backend",
+                "dask",
+                "--address",
+                "tcp://127.0.0.1:1",
+                "--workers",
+                "2",
+            ],
+            "--workers starts local processes: a cluster at --address runs cells on its own",
+        ),
+        (["sweep", "toy", "--threads", "100000"], "--threads 100000 x --workers 1: more threads"),
+        (["sweep", "toy", "--address", "tcp://127.0.0.1:1"], "--address and --scheduler-file need"),
+        (
+            ["sweep", "toy", "--backend", "dask", "--scheduler-file", "{tmp}/a_file"],
+            "--scheduler-file {tmp}/a_file: no scheduler address",
+        ),
+        (
             ["sweep", "toy", "--checkpoint-every", "-3"],
             "--checkpoint-every must be at least 0, got -3",
         ),
@@ -216,10 +239,16 @@ def test_there_are_at_least_40_bad_inputs_and_every_command_has_some():
 @pytest.mark.parametrize(
     "command,argv,fragment", CASES, ids=[f"{c}:{' '.join(a[-3:])}" for c, a, _ in CASES]
 )
-def test_bad_input_exits_2_with_one_line_naming_it(command, argv, fragment, scratch, capsys):
+def test_bad_input_exits_2_with_one_line_naming_it(
+    command, argv, fragment, scratch, capsys, monkeypatch
+):
     port = str(free_port())
     argv = [a.replace("{tmp}", str(scratch)).replace("{port}", port) for a in argv]
+    if command.startswith("sweep"):  # its default --out is the results store: a scratch one
+        monkeypatch.setenv("ATTENTION_ATLAS_RESULTS", str(scratch / "store"))
+    before = sorted(map(str, scratch.rglob("*")))
     rc = main(argv)
+    assert sorted(map(str, scratch.rglob("*"))) == before, "a refused command wrote something"
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2, err

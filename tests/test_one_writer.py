@@ -86,3 +86,28 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path):
     res = train(MODEL, _cfg(out), copy_task(64, 16, length=4, vocab=5))
     assert res.final["steps"] == 2 and (out / "run.json").exists()
     assert not (out / WRITER_LOCK).exists()
+
+
+def test_a_second_sweep_into_a_folder_in_use_is_refused_unless_it_joins(tmp_path, capsys):
+    """`sweep --out` takes the same lock: refused in one line naming the holder, nothing
+    written; `--join` shares the running sweep's cells instead (the per-cell locks)."""
+    from attention_atlas.__main__ import main
+
+    out = tmp_path / "grid"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.replace("'train'", "'sweep toy'"),
+                               str(out)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    argv = ["sweep", "toy", "--preset", "smoke", "--seeds", "0", "--out", str(out), "--no-progress"]
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert main(argv) == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and f"in use by sweep toy of pid {holder.pid} on" in lines[0]
+        assert sorted(p.name for p in out.iterdir()) == [WRITER_LOCK]
+        assert main([*argv, "--join"]) == 0
+        assert (out / "grid.json").exists() and len(list((out / "cells").glob("*.json"))) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(argv) == 0  # its holder is dead: taken over, and every cell is stored already
+    assert not (out / WRITER_LOCK).exists()

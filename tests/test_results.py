@@ -14,7 +14,7 @@ from attention_atlas.__main__ import main
 from attention_atlas.experiments import run_experiment, stored_or_run, toy, verify
 from attention_atlas.provenance import cpu_id, git_state
 from attention_atlas.store import results
-from attention_atlas.store.records import read_records
+from attention_atlas.store.records import read_records, seal
 from attention_atlas.sweep.verify import RTOL, compare
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_verify_reproduces_stored_cells_exactly_and_catches_a_changed_one(store:
     rec = json.loads(path.read_text())
     rec["history"]["loss"][2] = math.nextafter(rec["history"]["loss"][2], 10.0)  # one ulp
     rec["cell_seconds"] = 1e9  # a timing: never compared
-    path.write_text(json.dumps(rec))
+    path.write_text(json.dumps(seal(rec)))  # resealed: the re-run, not the checksum, must catch it
     bad = verify(5, experiment="toy", log=None)
     assert [o.status for o in bad] == ["differs", "exact"]
     assert bad[0].detail.startswith("history.loss[2]: ")
@@ -170,7 +170,7 @@ def test_a_compiled_sweep_says_so_and_verify_re_runs_it_compiled(
     for path in sorted((tmp_path / "toy" / "smoke" / "cells").glob("*.json")):
         rec = json.loads(path.read_text())  # the same records, as if made eagerly
         rec["provenance"]["compile"] = False
-        path.write_text(json.dumps(rec))
+        path.write_text(json.dumps(seal(rec)))
     again = verify(5, experiment="toy", log=None)
     assert {o.status for o in again} == {"differs"}
     assert all(o.detail.startswith("compiled_steps: 1.0 stored, 0.0 re-run") for o in again)
@@ -219,7 +219,7 @@ def test_verify_holds_a_cell_of_another_processor_to_the_tolerance(store: Path) 
                 del changed["provenance"]["cpu_id"]
             else:
                 changed["provenance"]["cpu_id"] = cpu
-            path.write_text(json.dumps(changed))
+            path.write_text(json.dumps(seal(changed)))
         out = verify(len(paths), experiment="toy", preset="smoke", root=store, log=None)
         return {o.status for o in out}
 
@@ -244,7 +244,10 @@ def test_the_results_command_lists_shows_and_verifies(
     rec_path = sorted((store / "toy" / "smoke" / "cells").glob("*.json"))[0]
     rec = json.loads(rec_path.read_text())
     rec["loss_final"] += 1.0
-    rec_path.write_text(json.dumps(rec))
+    rec_path.write_text(json.dumps(rec))  # edited by hand: its checksum says so, verify refuses
+    assert main(["results", "verify", "--sample", "2", "--experiment", "toy"]) == 2
+    assert "changed after it was written" in capsys.readouterr().err
+    rec_path.write_text(json.dumps(seal(rec)))  # resealed: the re-run catches the change
     assert main(["results", "verify", "--sample", "2", "--experiment", "toy"]) == 1
     assert "loss_final" in capsys.readouterr().out
 
@@ -259,7 +262,7 @@ def test_the_list_says_what_an_unfinished_grid_still_needs(
     cells.pop(2).unlink()  # dim-8 seed 2 missing: timed by dim-8's other cells, 10 and 20 s
     for seed, seconds in ((0, 10.0), (1, 20.0)):
         rec = json.loads(cells[seed].read_text())
-        cells[seed].write_text(json.dumps({**rec, "cell_seconds": seconds}))
+        cells[seed].write_text(json.dumps(seal({**rec, "cell_seconds": seconds})))
     # a killed runner's checkpoints: dim-8 seed 2 at step 3 of 10, and one that cannot be read
     flight = tmp_path / "toy/smoke/.checkpoints"
     for name, seed, payload in (("dim-8", 2, {"step": 3, "train_config": {"steps": 10}}),

@@ -133,7 +133,7 @@ def _kill_first_worker_mid_cell(cl: Cluster, timeout: float = 60.0) -> tuple[tup
 
 
 def _comparable(rec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in rec.items() if k not in ("cell_seconds", "provenance")}
+    return {k: v for k, v in rec.items() if k not in ("cell_seconds", "provenance", "checksum")}
 
 
 @pytest.mark.timeout(180)
@@ -188,3 +188,24 @@ def test_a_grid_on_a_loopback_dask_cluster_survives_a_killed_worker_and_equals_t
     print(
         f"cluster test: {len(listening)} listening sockets, all loopback; {time.perf_counter() - t0:.1f} s"
     )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("offered", "threads", "gpus", "message"), [
+    ({"CPU": 1}, 2, 0, "--threads 2: no worker of .* offers that much CPU \\(the most one offers is 1\\)"),
+    ({"CPU": 4, "GPU": 1}, 1, 2, "--gpus-per-cell 2: no worker of .* offers that much GPU"),
+    ({"CPU": 4}, 1, 1, "1 GPU\\(s\\) per cell asked, but no worker of .* offers a GPU"),
+])  # fmt: skip
+def test_a_cell_asking_more_than_any_worker_offers_is_refused_before_it_waits_forever(
+    offered: dict[str, float], threads: int, gpus: int, message: str
+) -> None:
+    from distributed import Client, LocalCluster
+
+    from attention_atlas.sweep.backends import make_backend
+
+    # in one process (inproc transport: no socket at all)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, resources=offered,
+                      dashboard_address=None) as lc, Client(lc) as client:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            make_backend("dask", 1, client, threads, gpus)
+        make_backend("dask", 1, client, 1, 0).close()  # what it offers is accepted

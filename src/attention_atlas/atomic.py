@@ -91,8 +91,10 @@ def folder_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[P
     by a live process raises :class:`FolderInUse` naming it (pid, host, start time) before
     anything is written; a lock left by a dead process of this host is taken over, and one this
     process holds already is simply kept (the outer block releases it). A lock of another host
-    is never judged stale here: the message says which file to remove."""
+    is never judged stale here: the message says which file to remove. Folders the lock created
+    are removed again at the end when the block left them empty (a refused run writes nothing)."""
     root = Path(folder)
+    made = [d for d in (root, *root.parents) if not d.exists()]  # the folders this lock creates
     root.mkdir(parents=True, exist_ok=True)
     path = root / WRITER_LOCK
     me = {"host": socket.gethostname(), "pid": os.getpid(), "what": what,
@@ -133,3 +135,8 @@ def folder_lock(folder: str | os.PathLike[str], what: str = "run") -> Iterator[P
                 path.unlink()
         except (OSError, ValueError):
             pass
+        for d in made:  # a run refused or failed before writing leaves no empty folder behind
+            try:
+                d.rmdir()
+            except OSError:  # not empty (the run wrote there), or not ours to remove
+                break

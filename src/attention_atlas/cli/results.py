@@ -7,11 +7,14 @@ and the cells in flight: started and checkpointed by a runner (``sweep --checkpo
 that is running them now or was killed, each checkpointed run's step out of its steps (where
 the next runner on that folder resumes it). ``show`` gives one grid's provenance and per-configuration means,
 ``verify`` re-runs stored cells (:func:`attention_atlas.sweep.verify.verify`).
+
+What they show comes from the records, each checked against its checksum: a damaged or edited
+record is named and skipped with a one-line warning, and a ``results.csv`` that no longer matches
+the records (edited, or left behind) is rebuilt from them, with a warning saying so.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import warnings
@@ -22,7 +25,8 @@ import pandas as pd
 
 from attention_atlas.experiments import verify
 from attention_atlas.provenance import format_duration
-from attention_atlas.store.results import Grid, load_grid, results_root, store_dir
+from attention_atlas.store.records import DamagedRecord, write_csv
+from attention_atlas.store.results import Grid, load_grid, read_manifest, results_root, store_dir
 from attention_atlas.sweep.verify import RTOL
 from attention_atlas.train.resumable import in_flight
 from attention_atlas.validate import ConfigError, close_matches
@@ -120,6 +124,18 @@ def _cli_results(args: Any) -> int:
     return code
 
 
+def _refresh_csv(folder: Path) -> None:
+    """Rebuild ``folder/results.csv`` from the records when it no longer matches them (not
+    while a record is damaged: that is reported already, and may be restored)."""
+    try:
+        rebuilt = write_csv(folder, skip_damaged=False)
+    except DamagedRecord:
+        return
+    if rebuilt:
+        warnings.warn(f"{folder / 'results.csv'} did not match the records; rebuilt from them",
+                      RuntimeWarning, stacklevel=2)  # fmt: skip
+
+
 def _results(args: Any) -> int:
     if args.action == "verify":
         outcomes = verify(args.sample, experiment=args.experiment, preset=args.preset,
@@ -132,6 +148,7 @@ def _results(args: Any) -> int:
         return 1 if counts["differs"] or counts["exact"] + counts["close"] == 0 else 0
     if args.action == "show":
         grid = load_grid(args.experiment, args.preset, complete=False, skip_damaged=True)
+        _refresh_csv(store_dir(args.experiment, args.preset))
         print(grid.provenance.text)
         if grid.missing:
             print(f"missing: {len(grid.missing)} cells, e.g. {grid.missing[:3]}")
@@ -149,8 +166,16 @@ def _results(args: Any) -> int:
         return 0
     rows = []
     for manifest_path in sorted(results_root().glob("*/*/grid.json")):
-        m = json.loads(manifest_path.read_text())
-        g = load_grid(m["experiment"], manifest_path.parent.name, complete=False, skip_damaged=True)
+        try:
+            m = read_manifest(manifest_path.parent) or {}
+            g = load_grid(manifest_path.parents[1].name, manifest_path.parent.name,
+                          complete=False, skip_damaged=True)  # fmt: skip
+        except (DamagedRecord, ValueError, KeyError) as err:
+            warnings.warn(f"{manifest_path}: {err}; grid skipped"
+                          if str(manifest_path) not in str(err) else f"{err}; grid skipped",
+                          RuntimeWarning, stacklevel=1)  # fmt: skip
+            continue
+        _refresh_csv(manifest_path.parent)
         pv = g.provenance
         rows.append({"experiment": m["experiment"], "preset": manifest_path.parent.name,
                      "cells": f"{pv.n_cells}/{pv.n_cells + len(g.missing)}", "seeds": len(m["seeds"]),

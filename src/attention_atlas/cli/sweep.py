@@ -4,6 +4,7 @@ results store, every argument checked before a cell runs (the runner:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -11,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from attention_atlas.atomic import FolderInUse, folder_lock
 from attention_atlas.experiments import EXPERIMENTS, experiment
 from attention_atlas.store.results import store_dir
 from attention_atlas.sweep.backends import BACKENDS
@@ -61,6 +63,9 @@ def add_subcommand(subparsers: Any) -> None:
         help="override a grid parameter (JSON value), e.g. -p steps=500 -p ablations=true",
     )  # fmt: skip
     p.add_argument("--no-resume", action="store_true", help="re-run finished cells")
+    p.add_argument("--join", action="store_true",
+                   help="share the cells of a sweep of the same grid already running into this "
+                        "folder (without it, a folder in use is refused, naming its holder)")  # fmt: skip
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="checkpoint each cell's training every STEPS steps under OUT/.checkpoints "
                         "so a killed cell resumes where it stopped (default 0: none)")  # fmt: skip
@@ -72,7 +77,7 @@ def _add_backend_arguments(p: Any) -> None:
     g = p.add_argument_group("where cells run")
     g.add_argument("--backend", choices=BACKENDS, default="local",
                    help="local: this machine, no server (default); dask: a Dask cluster")  # fmt: skip
-    g.add_argument("--workers", type=int, default=1,
+    g.add_argument("--workers", type=int, default=None,
                    help="local processes (local backend, or dask without --address); default 1")  # fmt: skip
     g.add_argument("--address", default=None, metavar="HOST:PORT",
                    help="Dask scheduler address (e.g. tcp://10.0.0.5:8786)")  # fmt: skip
@@ -118,6 +123,13 @@ def run(args: Any) -> int:
             grid = mod.chapter_grid(**kwargs)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{args.experiment} grid ({args.preset}, -p): {err}") from None
+        check_cell = getattr(mod, "check_cell", None)  # every experiment of the table has one
+        for name, cell_params in grid.items():  # the settings each cell would train with
+            try:
+                if check_cell is not None:
+                    check_cell(cell_params)
+            except (TypeError, ValueError) as err:
+                raise ConfigError(f"{args.experiment} configuration {name}: {err}") from None
         unknown = sorted(set(args.only or ()) - set(grid))
         if unknown:
             raise ConfigError(
@@ -132,13 +144,26 @@ def run(args: Any) -> int:
         grid = {k: v for k, v in grid.items() if k in args.only}
     print(f"sweep {args.experiment} preset={args.preset} {kwargs}: {len(grid)} configurations "
           f"x {len(args.seeds)} seeds -> {out}")  # fmt: skip
-    return _run_cli_sweep(args, kwargs)
+    return _run_cli_sweep(args, kwargs, out)
 
 
-def _run_cli_sweep(args: Any, kwargs: dict[str, Any]) -> int:
+def _run_cli_sweep(args: Any, kwargs: dict[str, Any], out: str) -> int:
     address = args.address
     if args.backend != "dask" and (address or args.scheduler_file):
         raise ConfigError("--address and --scheduler-file need --backend dask")
+    if args.scheduler_file is not None:
+        try:
+            address = json.loads(Path(args.scheduler_file).read_text())["address"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(
+                f"--scheduler-file {args.scheduler_file}: no scheduler address ({e})"
+            ) from e
+    if args.workers is not None and address is not None:
+        raise ConfigError(
+            "--workers starts local processes: a cluster at --address runs cells on its own "
+            "workers (start more there with dask worker)"
+        )
+    args.workers = 1 if args.workers is None else args.workers
     for flag, value, least in (("--workers", args.workers, 1), ("--threads", args.threads, 1),
                                ("--gpus-per-cell", args.gpus_per_cell, 0),
                                ("--checkpoint-every", args.checkpoint_every, 0)):  # fmt: skip
@@ -147,21 +172,29 @@ def _run_cli_sweep(args: Any, kwargs: dict[str, Any]) -> int:
     if args.backend == "local" and args.gpus_per_cell:
         raise ConfigError("--gpus-per-cell is a Dask resource request: it needs --backend dask")
     cores = os.cpu_count() or 1
-    if args.backend == "local" and args.workers > cores:
+    if address is None and args.workers > cores:  # local processes, or a local Dask cluster
         raise ConfigError(
             f"--workers: {args.workers} processes, but this machine has {cores} cores"
         )
-    if args.scheduler_file is not None:
+    if address is None and args.threads * args.workers > cores:
+        raise ConfigError(
+            f"--threads {args.threads} x --workers {args.workers}: more threads than this "
+            f"machine's {cores} cores"
+        )
+    # one writer per folder: a second sweep into it is refused naming the holder, unless it
+    # --join's a running sweep (the runners then share the cells through per-cell locks, and a
+    # sweep of another grid is refused by the folder's manifest)
+    what = f"sweep {args.experiment} --preset {args.preset}"
+    with contextlib.ExitStack() as writer:
+        if not args.join:
+            try:
+                writer.enter_context(folder_lock(out, what))
+            except FolderInUse as err:
+                raise ConfigError(f"--out: {err} (or add --join to share its cells)") from None
         try:
-            address = json.loads(Path(args.scheduler_file).read_text())["address"]
-        except (OSError, ValueError, KeyError) as e:
-            raise ConfigError(
-                f"--scheduler-file {args.scheduler_file}: no scheduler address ({e})"
-            ) from e
-    try:
-        _run_grid_from_cli(args, kwargs, address)
-    except ValueError as e:  # a folder holding another grid, a backend that cannot start
-        raise ConfigError(f"sweep {args.experiment}: {e}") from e
+            _run_grid_from_cli(args, kwargs, address)
+        except ValueError as e:  # a folder holding another grid, a backend that cannot start
+            raise ConfigError(f"sweep {args.experiment}: {e}") from e
     return 0
 
 

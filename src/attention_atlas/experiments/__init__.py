@@ -6,6 +6,8 @@ An experiment module defines::
     PRESETS: dict[str, dict]                      # named grid parameters: "smoke", "book", "long", ...
     def chapter_grid(**params) -> dict[str, dict] # configuration name -> its parameters
     def run_cell(params: dict, seed: int) -> dict # one (configuration, seed) cell -> its metrics
+    def check_cell(params: dict) -> None          # ConfigError (one line) for what run_cell would
+                                                  # refuse: the same TrainConfig/ModelConfig checks
 
 and usually the analysis its chapter shows. ``python -m attention_atlas sweep NAME`` runs the
 grid of :data:`EXPERIMENTS` ``[NAME]`` (resumable; see :mod:`attention_atlas.sweep.runner`).

@@ -22,8 +22,9 @@ from torch import Tensor, nn
 
 from attention_atlas.attention.registry import build_attention
 from attention_atlas.train import take_step
+from attention_atlas.validate import ConfigError
 
-__all__ = ["PRESETS", "PreviousTokenModel", "chapter_grid", "run_cell"]
+__all__ = ["PRESETS", "PreviousTokenModel", "chapter_grid", "check_cell", "run_cell"]
 
 #: parameter sets of ``python -m attention_atlas sweep toy --preset NAME``
 #: the experiment's name on the command line and in the results store
@@ -65,18 +66,11 @@ def chapter_grid(
     ``ValueError`` names the first one out of range)."""
     counts = {"steps": steps, "vocab": vocab, "seq_len": seq_len, "batch_size": batch_size,
               "n_heads": n_heads, **{f"dims[{i}]": d for i, d in enumerate(dims)}}  # fmt: skip
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    if (
-        isinstance(lr, bool)
-        or not isinstance(lr, int | float)
-        or not (math.isfinite(lr) and lr > 0)
-    ):
-        raise ValueError(f"lr: expected a finite number > 0, got {lr!r}")
+    _check_counts(counts)
+    _check_lr(lr)
     for d in dims:
         if d % n_heads:
-            raise ValueError(f"dims: {d} is not divisible by n_heads={n_heads}")
+            raise ConfigError(f"dims: {d} is not divisible by n_heads={n_heads}")
     return {
         f"dim-{d}": {
             "dim": int(d),
@@ -89,6 +83,36 @@ def chapter_grid(
         }  # fmt: skip
         for d in dims
     }
+
+
+def _check_counts(counts: dict[str, Any], least: dict[str, int] | None = None) -> None:
+    """Each value an integer >= 1 (>= ``least[name]`` where given), else ConfigError naming it."""
+    for name, value in counts.items():
+        low = (least or {}).get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
+
+
+def _check_lr(lr: Any) -> None:
+    if (
+        isinstance(lr, bool)
+        or not isinstance(lr, int | float)
+        or not (math.isfinite(lr) and lr > 0)
+    ):
+        raise ConfigError(f"lr: expected a finite number > 0, got {lr!r}")
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: ``steps``, ``vocab``,
+    ``batch_size``, ``n_heads``, ``dim`` integers >= 1, ``seq_len`` >= 2 (position ``t >= 1``
+    predicts token ``t - 1``: one position leaves nothing to predict), ``lr`` a finite number
+    > 0, ``dim`` divisible by ``n_heads``. (The cell builds its own small model, no
+    training or model configuration.) Raises ConfigError (one line)."""
+    _check_counts({k: params[k] for k in ("steps", "vocab", "seq_len", "batch_size", "n_heads",
+                                          "dim")}, least={"seq_len": 2})  # fmt: skip
+    _check_lr(params["lr"])
+    if params["dim"] % params["n_heads"]:
+        raise ConfigError(f"dims: {params['dim']} is not divisible by n_heads={params['n_heads']}")
 
 
 def _batch(gen: torch.Generator, batch_size: int, seq_len: int, vocab: int) -> Tensor:

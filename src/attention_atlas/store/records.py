@@ -8,10 +8,14 @@ The sweep runner (:mod:`attention_atlas.sweep.runner`) and the results store
     results.csv                               every finished cell, one row each
     grid.json                                 the grid: experiment, preset, parameters, seeds
 
-A record is ``{"config", "seed", "key", "cell_seconds", <metrics>..., "params", "provenance"}``:
-the metrics the cell returned at the top level (dicts and lists, e.g. training histories, stay in
-the JSON and out of the CSV), the cell's parameters, and where it came from (command, git commit
-and dirty flag, library versions, CPU and GPU, torch threads, wall time).
+A record is ``{"config", "seed", "key", "cell_seconds", <metrics>..., "params", "provenance",
+"checksum"}``: the metrics the cell returned at the top level (dicts and lists, e.g. training
+histories, stay in the JSON and out of the CSV), the cell's parameters, where it came from
+(command, git commit and dirty flag, library versions, CPU and GPU, torch threads, wall time),
+and the sha256 of all of that (:func:`record_checksum`), checked on every load: a record edited
+by hand, or damaged, is reported (:class:`DamagedRecord`) instead of read as if a run had made
+it. ``results.csv`` is a convenience copy, rebuilt from the records after every sweep and by
+``results list``; nothing reads metrics from it.
 
 Keys: ``<hash>`` is 12 hex digits of the sha256 of the parameters in a canonical JSON form
 (:func:`canonical`): keys sorted, tuples as lists, numpy and torch scalars as Python numbers,
@@ -54,14 +58,16 @@ __all__ = [
     "jsonable",
     "make_cells",
     "read_records",
+    "record_checksum",
     "records_frame",
+    "seal",
     "time_column",
     "write_atomic",
     "write_csv",
 ]
 
 #: top-level record fields that are not metrics (a cell may not return a metric so named)
-RESERVED = ("config", "seed", "key", "cell_seconds", "params", "provenance")
+RESERVED = ("config", "seed", "key", "cell_seconds", "params", "provenance", "checksum")
 #: a record larger than this is written with a warning (the store is for metrics, not weights)
 MAX_RECORD_BYTES = 4_000_000
 
@@ -188,19 +194,41 @@ def write_atomic(path: str | os.PathLike[str], text: str, *, overwrite: bool = T
         tmp.unlink(missing_ok=True)
 
 
+def record_checksum(record: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of ``record`` without its ``checksum`` field, in sorted-key compact
+    JSON (so a record read back and checked hashes the same text it was sealed from)."""
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    text = json.dumps(jsonable(body), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def seal(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``checksum`` (last), made anew: what the runner writes. A person who
+    changes a record on purpose reseals it with this, and says why in the commit."""
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    return {**body, "checksum": record_checksum(body)}
+
+
 class DamagedRecord(InputError, ValueError):
     """A stored record that cannot be read (the message names its file and why)."""
 
 
 def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The record in ``path``; :class:`DamagedRecord` naming the file when it is not a JSON
-    object (truncated, edited into something else, unreadable)."""
+    object (truncated, edited into something else, unreadable) or its content does not match
+    its ``checksum`` (edited after it was written). A record without a checksum (a fixture
+    written by hand) is read as it is."""
     try:
         record = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DamagedRecord(f"{path}: not a readable record ({err})") from None
     if not isinstance(record, dict):
         raise DamagedRecord(f"{path}: not a record (a JSON {type(record).__name__})")
+    if "checksum" in record and record["checksum"] != record_checksum(record):
+        raise DamagedRecord(
+            f"{path}: changed after it was written (its content does not match its checksum; "
+            "restore it from git, re-run the cell, or reseal it with store.records.seal)"
+        )
     return record
 
 
@@ -214,7 +242,10 @@ def records_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per record: ``config``, ``seed``, ``key``, ``cell_seconds`` and the scalar
     metrics (dicts and lists, ``params`` and ``provenance`` left out)."""
     return pd.DataFrame(
-        [{k: v for k, v in r.items() if not isinstance(v, dict | list)} for r in records]
+        [
+            {k: v for k, v in r.items() if not isinstance(v, dict | list) and k != "checksum"}
+            for r in records
+        ]
     )
 
 
@@ -228,16 +259,35 @@ def time_column(frame: pd.DataFrame) -> tuple[str, str]:
     return "train_time_s", "training time (s)"
 
 
-def write_csv(folder: str | os.PathLike[str]) -> Path:
-    """Write ``folder/results.csv`` (atomically): :func:`records_frame` of every record, plus
-    the provenance columns ``git_commit``, ``git_dirty``, ``device``, ``threads``, ``finished``."""
-    recs = read_records(folder)
+def write_csv(folder: str | os.PathLike[str], *, skip_damaged: bool = True) -> bool:
+    """Rebuild ``folder/results.csv`` from the records (atomically), when it differs from them:
+    :func:`records_frame` of every readable record, plus the provenance columns ``git_commit``,
+    ``git_dirty``, ``device``, ``threads``, ``finished``. A damaged record is left out with a
+    warning (``skip_damaged=False``: :class:`DamagedRecord` is raised and nothing is written);
+    with no record at all nothing is written. Returns whether the file was (re)written,
+    so a caller can say that a stale or edited ``results.csv`` was replaced."""
+    recs = []
+    for p in sorted(Path(folder, "cells").glob("*.json")):
+        try:
+            recs.append(load_record(p))
+        except DamagedRecord as err:
+            if not skip_damaged:
+                raise
+            warnings.warn(f"{err}; left out of results.csv", RuntimeWarning, stacklevel=2)
+    path = Path(folder) / "results.csv"
+    if not recs:
+        return False
     df = records_frame(recs)
     for col in ("git_commit", "git_dirty", "device", "threads", "finished"):
         df[col] = [r.get("provenance", {}).get(col) for r in recs]
-    path = Path(folder) / "results.csv"
-    write_atomic(path, df.to_csv(index=False))
-    return path
+    text = df.to_csv(index=False)
+    try:
+        if path.read_text() == text:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_atomic(path, text)
+    return True
 
 
 # ----------------------------------------------------------------------------------------

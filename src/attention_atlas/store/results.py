@@ -51,6 +51,8 @@ __all__ = [
     "Provenance",
     "grid_from_folder",
     "load_grid",
+    "check_manifest",
+    "read_manifest",
     "results_root",
     "store_dir",
     "update_manifest",
@@ -69,9 +71,40 @@ def store_dir(experiment: str, preset: str, root: str | os.PathLike[str] | None 
     return (Path(root) if root is not None else results_root()) / experiment / preset
 
 
-def _read_manifest(folder: Path) -> dict[str, Any] | None:
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """``folder/grid.json``, None when there is none; :class:`~.records.DamagedRecord` naming
+    it when it cannot be read."""
+    from .records import DamagedRecord
+
     path = folder / "grid.json"
-    return dict(json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedRecord(f"{path}: not a readable grid manifest ({err})") from None
+    if not isinstance(manifest, dict) or not {"experiment", "seeds", "configs"} <= set(manifest):
+        raise DamagedRecord(f"{path}: not a grid manifest (no experiment, seeds and configs)")
+    return dict(manifest)
+
+
+def check_manifest(
+    folder: str | os.PathLike[str], configs: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Refuse (ValueError) a grid ``configs`` that ``folder``'s ``grid.json`` does not admit: one
+    that removes or changes a configuration stored there (adding configurations is fine).
+    Reads only: :func:`update_manifest` writes the manifest once a cell is stored."""
+    folder = Path(folder)
+    old = read_manifest(folder)
+    if old is None:
+        return
+    new_configs = {k: canonical(v) for k, v in configs.items()}
+    diff = [d for d in _grid_differences(old["configs"], new_configs) if not d.endswith(" added")]
+    if diff:
+        raise ValueError(
+            f"{folder} holds another grid of {old['experiment']} ({'; '.join(diff[:5])}); "
+            "run into another folder (--out) or clear this one"
+        )
 
 
 def update_manifest(
@@ -83,7 +116,8 @@ def update_manifest(
     configs: Mapping[str, Mapping[str, Any]],
     seeds: Sequence[int],
 ) -> dict[str, Any]:
-    """Record the grid of ``folder`` in ``grid.json``: the seeds are added to those there, and
+    """Record the grid of ``folder`` in ``grid.json`` (the runner does once the grid's first cell
+    is stored, so a run that fails before leaves no manifest): the seeds are added to those there, and
     so are configurations (a grid may grow: a stored cell's key is its configuration's hash,
     so every stored cell stays valid); a folder whose grid has a configuration this one
     removes or changes is refused."""
@@ -96,16 +130,10 @@ def update_manifest(
             raise TimeoutError(f"{folder / 'grid.lock'} held for over a minute")
         time.sleep(0.2)
     try:
-        old = _read_manifest(folder)
+        check_manifest(folder, configs)
+        old = read_manifest(folder)
         new_configs = {k: canonical(v) for k, v in configs.items()}
         if old is not None:
-            diff = [d for d in _grid_differences(old["configs"], new_configs)
-                    if not d.endswith(" added")]  # fmt: skip
-            if diff:
-                raise ValueError(
-                    f"{folder} holds another grid of {old['experiment']} ({'; '.join(diff[:5])}); "
-                    "run into another folder (--out) or clear this one"
-                )
             seeds = sorted({*old["seeds"], *map(int, seeds)})
         manifest = {"experiment": experiment, "preset": preset, "params": canonical(params),
                     "seeds": sorted(map(int, seeds)), "configs": new_configs}  # fmt: skip
@@ -208,7 +236,7 @@ def load_grid(
     ``skip_damaged``: see :func:`grid_from_folder`.
     """
     folder = store_dir(experiment, preset, root)
-    manifest = _read_manifest(folder)
+    manifest = read_manifest(folder)
     if manifest is None and (configs is None or seeds is None):
         raise FileNotFoundError(
             f"no stored grid of {experiment} preset {preset}: no {folder / 'grid.json'}"

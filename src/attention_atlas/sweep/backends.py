@@ -222,13 +222,22 @@ class _Dask:
             raise TimeoutError(f"no Dask worker joined {self.client} in 10 minutes") from e
         info = self.client.scheduler_info(n_workers=-1)
         offered: set[str] = set()
+        most: dict[str, float] = {}  # the most of each resource one worker offers
         for w in info["workers"].values():
             offered |= set(w.get("resources", {}))
+            for k, v in w.get("resources", {}).items():
+                most[k] = max(most.get(k, 0.0), float(v))
         if wanted["GPU"] and "GPU" not in offered:
             raise ValueError(
                 f"{wanted['GPU']} GPU(s) per cell asked, but no worker of {info.get('address')} "
                 'offers a GPU resource; start the workers with: dask worker ADDRESS --resources "GPU=1"'
             )
+        for k, flag in (("CPU", "--threads"), ("GPU", "--gpus-per-cell")):
+            if wanted[k] and k in most and wanted[k] > most[k]:  # the task would wait forever
+                raise ValueError(
+                    f"{flag} {wanted[k]}: no worker of {info.get('address')} offers that much "
+                    f"{k} (the most one offers is {most[k]:g})"
+                )
         res = {k: v for k, v in wanted.items() if v and k in offered}
         return res or None
 

@@ -54,10 +54,11 @@ from attention_atlas.store.records import (
     make_cells,
     read_records,
     records_frame,
+    seal,
     write_atomic,
     write_csv,
 )
-from attention_atlas.store.results import store_dir, update_manifest
+from attention_atlas.store.results import check_manifest, store_dir, update_manifest
 
 from .backends import CellRun, WorkerLost, execute_cell, make_backend
 
@@ -110,6 +111,7 @@ def run_sweep(
     compile: bool = False,
     checkpoint_every: int = 0,
     native: bool = False,
+    on_record: Callable[[], None] | None = None,
 ) -> pd.DataFrame:
     """Run every cell not already finished under ``out_dir``; return all their results.
 
@@ -137,6 +139,8 @@ def run_sweep(
             (:mod:`~attention_atlas.train.resumable`); 0 (default): none.
         native: the native CPU kernels (:mod:`attention_atlas.native`) at their current level,
             recorded (``native``, ``native_level``) as ``compile`` is.
+        on_record: called after each record this runner writes (the experiment runner writes
+            its grid manifest on the first).
 
     Returns:
         The results of ``cells`` (in order), with columns ``config``, ``seed``, ``key``,
@@ -154,6 +158,9 @@ def run_sweep(
     context = {"command": None, "experiment": None, "preset": None, **(provenance or {}),
                **git_state(), "backend": backend}  # fmt: skip
     todo = [(c, k) for c, k in zip(cells, keys) if not (resume and _path(root, k).exists())]
+    for k in keys:  # this grid's stored records: a damaged one is refused before any work
+        if resume and _path(root, k).exists():
+            load_record(_path(root, k))
     from tqdm.auto import tqdm
 
     show = sys.stderr.isatty() if progress is None else progress
@@ -172,7 +179,7 @@ def run_sweep(
     ok = False
     try:
         n_run = _drive(todo, run_cell, exe, locks, root, context, resume, how,
-                       max_attempts, bar, say)  # fmt: skip
+                       max_attempts, bar, say, on_record)  # fmt: skip
         ok = True
     finally:
         exe.close(abort=not ok)
@@ -201,6 +208,7 @@ def _drive(
     max_attempts: int,
     bar: Any,
     say: Callable[[str], None],
+    on_record: Callable[[], None] | None = None,
 ) -> int:
     """Submit cells as capacity allows, write each record as it returns; cells locked by
     another runner wait until it finishes them (or its lock goes stale); ``how`` runs each cell
@@ -254,6 +262,8 @@ def _drive(
             written = write_atomic(_path(root, key), text, overwrite=not resume)
             locks.release(key)
             n_run += int(written)
+            if written and on_record is not None:
+                on_record()
             bar.update(1)
             say(f"[sweep] {cell.config} seed={cell.seed}: {out['cell_seconds']:.1f} s "
                 f"({n_run}/{len(todo)} to run)")  # fmt: skip
@@ -267,13 +277,13 @@ def _record(cell: Cell, key: str, out: dict[str, Any], context: dict[str, Any]) 
         return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
     env = out["environment"]
-    return {
+    return seal({
         "config": cell.config, "seed": cell.seed, "key": key, "cell_seconds": out["cell_seconds"],
         **out["metrics"],
         "params": jsonable(cell.params, "params"),
         "provenance": {**context, "started": iso(out["started"]),
                        "finished": iso(out["finished"]), **env},
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------
@@ -355,6 +365,18 @@ def run_experiment(
     command = sweep_command(mod, preset, kwargs, seeds, only=only,
                             out=None if default_out or not command_out else out_dir,
                             flags=[f for f in ("compile", "native") if sweep_kwargs.get(f)])  # fmt: skip
-    update_manifest(out, experiment=name, preset=preset, params=kwargs, configs=grid, seeds=seeds)
+    check_manifest(out, grid)  # another grid in the folder: refused before any cell runs
+    written: list[bool] = []
+
+    def record_grid() -> None:  # once a cell of this grid is stored (not before: no phantom)
+        if not written:
+            update_manifest(out, experiment=name, preset=preset, params=kwargs, configs=grid,
+                            seeds=seeds)  # fmt: skip
+            written.append(True)
+
     prov = {"command": command, "experiment": name, "preset": preset}
-    return run_sweep(make_cells(run, seeds), mod.run_cell, out, provenance=prov, **sweep_kwargs)
+    df = run_sweep(make_cells(run, seeds), mod.run_cell, out, provenance=prov,
+                   on_record=record_grid, **sweep_kwargs)  # fmt: skip
+    if len(df):  # every cell was stored before: the manifest still learns these seeds
+        record_grid()
+    return df

@@ -48,13 +48,17 @@ from attention_atlas.data import ArrayTask, TextCorpus, load_digits_patches, loa
 from attention_atlas.models import ModelConfig, Transformer
 from attention_atlas.store.results import Grid
 from attention_atlas.train import TrainConfig, measure_flops, train
+from attention_atlas.train.config import check_model, check_run
+from attention_atlas.validate import ConfigError, one_line
 from attention_atlas.verdicts import Outcome
 
 from .analysis import ARMS, TASKS, claim_outcome, criteria
 
 __all__ = [
     "PRESETS",
+    "cell_configs",
     "chapter_grid",
+    "check_cell",
     "flops_table",
     "model_config",
     "grid_configs",
@@ -289,6 +293,70 @@ def _head_measures(model: Transformer, x: Tensor, reg_heads: int) -> dict[str, f
     return out
 
 
+def cell_configs(params: dict[str, Any], seed: int) -> tuple[ModelConfig, TrainConfig]:
+    """The model and the training run of a configuration of :func:`chapter_grid` at ``seed``
+    (the harness fills in the data's fields of the model): the regulariser of its arm, the
+    ``"cofactor"`` diagnostic on the regularised heads."""
+    reg = params["regularizer"]
+    tcfg = TrainConfig(
+        **params["train"], seed=seed, progress=False, measure_flops=False, effective_rank=False,
+        regularizers=[reg] if reg else [],
+        diagnostics=[{"name": "cofactor", "heads": params["reg_heads"]}],
+    )  # fmt: skip
+    return ModelConfig(**params["model"]), tcfg
+
+
+#: the WikiText-2 levels :func:`load_task` reads
+LM_LEVELS = ("char", "word")
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: its task, arm and level; the model
+    and training run it trains with (:func:`cell_configs`, through
+    :func:`~attention_atlas.train.config.check_model` and
+    :func:`~attention_atlas.train.config.check_run`); ``reg_heads`` from 1 to the model's
+    heads; the regulariser of the cofactor arm (weight ``alpha`` > 0, ``beta`` >= 0), none for
+    the baseline; ``spike_ratio`` > 0 and ``probe_items`` >= 1. No data is loaded, nothing is
+    built or trained. Raises ConfigError (one line)."""
+    for key, known in (("task", TASKS), ("arm", ARMS), ("lm_level", LM_LEVELS)):
+        if params.get(key) not in known:
+            raise ConfigError(f"{key}: expected one of {', '.join(known)}, got {params.get(key)!r}")
+    try:
+        mcfg, tcfg = cell_configs(params, 0)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{params['task']} settings: {one_line(err)}") from None
+    check_model(mcfg)
+    check_run(tcfg)
+    heads = params["reg_heads"]
+    if isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= mcfg.n_heads:
+        raise ConfigError(
+            f"reg_heads: expected an integer from 1 to n_heads={mcfg.n_heads}, got {heads!r}"
+        )
+    reg = params["regularizer"]
+    if (reg is None) != (params["arm"] == "baseline"):
+        raise ConfigError(f"regularizer: the {params['arm']} arm does not take {reg!r}")
+    if reg is not None:
+        if not (_finite(reg.get("weight")) and reg["weight"] > 0):
+            raise ConfigError(f"alpha: expected a finite number > 0, got {reg.get('weight')!r}")
+        if not (_finite(reg.get("beta", 0.0)) and reg.get("beta", 0.0) >= 0):
+            raise ConfigError(f"beta: expected a finite number >= 0, got {reg.get('beta')!r}")
+        if reg.get("heads", heads) != heads:
+            raise ConfigError(
+                f"regularizer heads: expected reg_heads={heads}, got {reg['heads']!r}"
+            )
+    if not (_finite(params["spike_ratio"]) and params["spike_ratio"] > 0):
+        raise ConfigError(
+            f"spike_ratio: expected a finite number > 0, got {params['spike_ratio']!r}"
+        )
+    items = params["probe_items"]
+    if isinstance(items, bool) or not isinstance(items, int) or items < 1:
+        raise ConfigError(f"probe_items: expected an integer >= 1, got {items!r}")
+
+
 def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     """Train one configuration of :func:`chapter_grid` at ``seed`` through the harness (with the
     ``"cofactor"`` diagnostic on the regularised heads at each log step) and measure it.
@@ -299,15 +367,10 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     """
     data = load_task(params["task"], params["lm_level"])
     tp = dict(params["train"])
-    reg = params["regularizer"]
     grad_norms: list[float] = []
-    tcfg = TrainConfig(
-        **tp, seed=seed, progress=False, measure_flops=False, effective_rank=False,
-        regularizers=[reg] if reg else [],
-        diagnostics=[{"name": "cofactor", "heads": params["reg_heads"]}],
-    )  # fmt: skip
+    mcfg, tcfg = cell_configs(params, seed)
     t0 = time.perf_counter()
-    res = train(ModelConfig(**params["model"]), tcfg, data,
+    res = train(mcfg, tcfg, data,
                 callbacks=[lambda step, info: grad_norms.append(info["grad_norm"])])  # fmt: skip
     wall = time.perf_counter() - t0
     x = _probe(data, params["probe_items"], tp["seq_len"])

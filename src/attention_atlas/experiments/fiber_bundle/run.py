@@ -40,7 +40,9 @@ from attention_atlas.models import (
 )
 from attention_atlas.threads import intra_op_threads
 from attention_atlas.train import TrainConfig, evaluate, seed_everything, train
+from attention_atlas.train.config import check_model, check_run
 from attention_atlas.train.evaluate import cross_entropy
+from attention_atlas.validate import ConfigError, one_line
 
 from .analysis import Runs, analyse, explore_window
 
@@ -48,9 +50,11 @@ __all__ = [
     "EXPERIMENT",
     "PRESETS",
     "chapter_grid",
+    "check_cell",
     "kappa_scale",
     "load_runs",
     "matched_l2_weight",
+    "model_config",
     "run_cell",
     "scaled_weights",
     "train_config",
@@ -191,9 +195,7 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     """
     data = load_char_ptb()
     is_fbt = params["kind"] == "fbt"
-    mcfg: ModelConfig = (
-        FiberBundleConfig(**params["model"]) if is_fbt else ModelConfig(**params["model"])
-    )
+    mcfg = model_config(params)
     tp = dict(params["train"])
     t0 = time.perf_counter()
     initial = _initial_model(mcfg, data, seed, tp["seq_len"])
@@ -217,6 +219,92 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     out["cell_train_and_measure_s"] = time.perf_counter() - t0
     out["history"] = res.history.to_dict(orient="list")
     return out
+
+
+#: the kinds of a cell, and the regulariser settings of a Fiber Bundle cell
+KINDS = ("dot", "fbt")
+REG_KINDS = ("three", "none", "l2-matched")
+#: the regulariser weights :func:`scaled_weights` knows (others would be silently ignored)
+REG_WEIGHTS = ("anti", "div", "smooth", "cap", "l2")
+
+
+def model_config(params: dict[str, Any]) -> ModelConfig:
+    """The model of a cell of :func:`chapter_grid`: a :class:`FiberBundleConfig` for a Fiber
+    Bundle cell, else a :class:`ModelConfig` (the harness fills in the data's vocabulary)."""
+    if params["kind"] == "fbt":
+        return FiberBundleConfig(**params["model"])
+    return ModelConfig(**params["model"])
+
+
+def _count(name: str, value: Any, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name}: expected an integer >= {least}, got {value!r}")
+
+
+def _number(name: str, value: Any, *, zero: bool = False, high: float | None = None) -> None:
+    """``value`` a finite number > 0 (>= 0 with ``zero``) and at most ``high``."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero) or (high is not None and value > high):
+        span = f"{'>= 0' if zero else '> 0'}" if high is None else f"in [0, {high:g}]"
+        raise ConfigError(f"{name}: expected a finite number {span}, got {value!r}")
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: the model (:func:`model_config`)
+    and the training run (:func:`train_config`) it trains with, through
+    :func:`~attention_atlas.train.config.check_model` and
+    :func:`~attention_atlas.train.config.check_run`; for a Fiber Bundle cell the regulariser
+    (its kind, ``kappa_min <= kappa_max`` both > 0, known weights >= 0) and the blending alphas
+    in [0, 1]; ``analyse_seqs`` and ``explore_len`` (at most the model's length).
+    Nothing is loaded, built or trained. Raises ConfigError (one line)."""
+    kind = params.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    try:
+        mcfg = model_config(params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model settings: {one_line(err)}") from None
+    check_model(mcfg)
+    if kind == "fbt":
+        assert isinstance(mcfg, FiberBundleConfig)
+        reg = params["reg"]
+        if reg.get("kind") not in REG_KINDS:
+            raise ConfigError(
+                f"reg kind: expected one of {', '.join(REG_KINDS)}, got {reg.get('kind')!r}"
+            )
+        _number("kappa_factor", params["kappa_factor"])
+        _number("kappa_max", reg["kappa_max"])
+        _number("kappa_min", reg["kappa_min"])
+        if reg["kappa_min"] > reg["kappa_max"]:
+            raise ConfigError(
+                f"kappa_min: expected at most kappa_max={reg['kappa_max']:g}, "
+                f"got {reg['kappa_min']:g}"
+            )
+        weights = reg.get("weights", {})
+        if not isinstance(weights, dict):
+            raise ConfigError(f"reg_weights: expected a mapping, got {weights!r}")
+        for name, w in weights.items():
+            if name not in REG_WEIGHTS:
+                raise ConfigError(
+                    f"reg_weights: unknown weight {name!r}; known: {', '.join(REG_WEIGHTS)}"
+                )
+            _number(f"reg_weights {name}", w, zero=True)
+        for a in (mcfg.alpha, *params.get("eval_alphas", [])):
+            _number("alphas", a, zero=True, high=1.0)
+    # the task-matched l2 weight is measured when the cell runs: a positive stand-in here
+    try:
+        tcfg = train_config(params, 0, l2_weight=1.0)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"train settings: {one_line(err)}") from None
+    check_run(tcfg)
+    _count("analyse_seqs", params["analyse_seqs"])
+    _count("explore_len", params["explore_len"])
+    longest = max(mcfg.max_len, tcfg.seq_len)  # the harness's model length
+    if params["explore_len"] > longest:
+        raise ConfigError(
+            f"explore_len: expected at most the model's length {longest}, "
+            f"got {params['explore_len']}"
+        )
 
 
 def _measured(

@@ -36,20 +36,29 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from attention_atlas.validate import ConfigError, from_mapping, one_line
+
+if TYPE_CHECKING:
+    from attention_atlas.models import ModelConfig
+    from attention_atlas.train import TrainConfig
+
 __all__ = [
     "ARMS",
     "CONTROL",
+    "DATASETS",
     "PRESETS",
     "SEED_ARM",
     "SESOI",
+    "cell_configs",
     "chapter_configurations",
     "chapter_grid",
+    "check_cell",
     "distinct_configurations",
     "load_runs",
     "metric_measures",
@@ -248,6 +257,10 @@ def runs_frame(raw: pd.DataFrame, configs: dict[str, dict[str, Any]]) -> pd.Data
     return pd.concat(frames, ignore_index=True)
 
 
+#: the data sets a cell trains on (:func:`_dataset`)
+DATASETS = ("digits", "ptb-char")
+
+
 @functools.cache
 def _dataset(name: str) -> Any:
     from attention_atlas.data import load_char_ptb, load_digits_patches
@@ -256,6 +269,63 @@ def _dataset(name: str) -> Any:
     if name not in loaders:
         raise ValueError(f"unknown data set {name!r}; known: {', '.join(loaders)}")
     return loaders[name]()
+
+
+def cell_configs(params: dict[str, Any], seed: int) -> tuple[ModelConfig, TrainConfig]:
+    """The model and the training run of a configuration of :func:`chapter_grid` at ``seed``
+    (the harness fills in the data's fields of the model): warm-up over the first tenth of the
+    steps, four log rows."""
+    from attention_atlas.models import ModelConfig
+    from attention_atlas.train import TrainConfig
+
+    mcfg = ModelConfig(**params["model"], attention=params["attention"],
+                       attention_options=dict(params["options"]))  # fmt: skip
+    tp = params["train"]
+    warm = max(1, tp["steps"] // 10)
+    tcfg = TrainConfig(**tp, warmup_steps=warm, log_every=max(1, tp["steps"] // 4), seed=seed,
+                       progress=False, effective_rank=False)  # fmt: skip
+    return mcfg, tcfg
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: its data set and arm, the share
+    of the training set (in (0, 1]), the pruning fractions (in [0, 1), matroidal models only),
+    and the model and training run it trains with (:func:`cell_configs`, through
+    :func:`~attention_atlas.validate.from_mapping`,
+    :func:`~attention_atlas.train.config.check_model` and
+    :func:`~attention_atlas.train.config.check_run`: the attention variant, its options ``m``
+    and ``graph``, widths, steps, learning rate). No data is loaded, nothing is trained.
+    Raises ConfigError (one line)."""
+    from attention_atlas.train import TrainConfig
+    from attention_atlas.train.config import check_model, check_run
+
+    for key, known in (("dataset", DATASETS), ("arm", tuple(ARMS))):
+        if params.get(key) not in known:
+            raise ConfigError(f"{key}: expected one of {', '.join(known)}, got {params.get(key)!r}")
+    frac = params["fraction"]
+    if not (_finite(frac) and 0 < frac <= 1):
+        raise ConfigError(f"fractions: expected numbers in (0, 1], got {frac!r}")
+    prune = params["prune_fractions"]
+    if not isinstance(prune, list):
+        raise ConfigError(f"prune_fractions: expected a list, got {prune!r}")
+    for f in prune:
+        if not (_finite(f) and 0 <= f < 1):
+            raise ConfigError(f"prune_fractions: expected numbers in [0, 1), got {f!r}")
+    if prune and params["attention"] != "matroidal":
+        raise ConfigError(
+            f"prune_fractions: only matroidal attention is pruned, got {params['attention']!r}"
+        )
+    from_mapping(TrainConfig, params["train"], "train")  # its steps, before the warm-up is made
+    try:
+        mcfg, tcfg = cell_configs(params, 0)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model settings: {one_line(err)}") from None
+    check_model(mcfg)
+    check_run(tcfg)
 
 
 def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -270,18 +340,14 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     pruning fraction ``f``, ``pruned_<metric>@<f>`` and ``random_pruned_<metric>@<f>``.
     """
     from attention_atlas.data import subset
-    from attention_atlas.models import ModelConfig
-    from attention_atlas.train import TrainConfig, train
+    from attention_atlas.train import train
 
     data = _dataset(params["dataset"])
     if params["fraction"] < 1:
         data = subset(data, params["fraction"], seed=seed)
-    mcfg = ModelConfig(**params["model"], attention=params["attention"],
-                       attention_options=dict(params["options"]))  # fmt: skip
+    mcfg, tcfg = cell_configs(params, seed)
     tp = params["train"]
-    warm = max(1, tp["steps"] // 10)
-    tcfg = TrainConfig(**tp, warmup_steps=warm, log_every=max(1, tp["steps"] // 4), seed=seed,
-                       progress=False, effective_rank=False)  # fmt: skip
+    warm = tcfg.warmup_steps
     norms: list[float] = []
     res = train(mcfg, tcfg, data, callbacks=[lambda step, info: norms.append(info["grad_norm"])])
     after = np.array(norms[warm:] or norms)

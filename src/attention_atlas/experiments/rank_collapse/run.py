@@ -26,9 +26,10 @@ import torch
 
 from attention_atlas import stats, verdicts
 from attention_atlas.linalg import effective_rank, relative_residual
+from attention_atlas.validate import ConfigError
 
 from . import perturbation as pt
-from .stacks import collapse_layer, log_residual_growth, pure_attention_stack
+from .stacks import STACK_SCORES, collapse_layer, log_residual_growth, pure_attention_stack
 
 __all__ = [
     "BOOK",
@@ -37,6 +38,7 @@ __all__ = [
     "SMOKE",
     "chapter_grid",
     "chapter_outcomes",
+    "check_cell",
     "collapse_delay",
     "outcomes",
     "regime",
@@ -117,6 +119,29 @@ def chapter_grid(
                 grid[f"fixed r={r} rho={rho:g} s={s:g}"] = {"score": "fixed", "entry": float(s), "rank": r, "spread": float(rho), **shared}  # fmt: skip
         grid[f"token r={token_rank} s={s:g}"] = {"score": "token", "entry": float(s), "rank": token_rank, "spread": 0.0, **shared}  # fmt: skip
     return grid
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: ``score`` one of
+    :data:`~.stacks.STACK_SCORES`; ``length`` an integer >= 2; ``dim``, ``depth`` and ``rank``
+    integers >= 1; ``entry`` a finite number >= 0; ``spread`` in [0, 1). (A stack trains
+    nothing: there is no training or model configuration.) Raises ConfigError (one line)."""
+    if params.get("score") not in STACK_SCORES:
+        raise ConfigError(
+            f"score: expected one of {', '.join(STACK_SCORES)}, got {params.get('score')!r}"
+        )
+    for key, least in (("length", 2), ("dim", 1), ("depth", 1), ("rank", 1)):
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            name = "ranks or token_rank" if key == "rank" else key
+            raise ConfigError(f"{name}: expected an integer >= {least}, got {value!r}")
+    for key, high in (("entry", math.inf), ("spread", 1.0)):
+        value = params[key]
+        number = not isinstance(value, bool) and isinstance(value, int | float)
+        if not (number and math.isfinite(value) and 0 <= value < high):
+            name = "entries" if key == "entry" else "spreads"
+            span = "a finite number >= 0" if key == "entry" else "a number in [0, 1)"
+            raise ConfigError(f"{name}: expected {span}, got {value!r}")
 
 
 def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -43,6 +43,8 @@ from attention_atlas.data import TextCorpus, load_char_ptb
 from attention_atlas.models import ModelConfig, attention_modules
 from attention_atlas.stats import Interval, mean_interval, paired_difference, verdict
 from attention_atlas.train import TrainConfig, evaluate, seed_everything, train
+from attention_atlas.train.config import check_model, check_run
+from attention_atlas.validate import ConfigError, one_line
 from attention_atlas.verdicts import Outcome, TrainingScale, outcome_from_verdict
 
 from .checks import count_elements
@@ -53,6 +55,7 @@ __all__ = [
     "SESOI",
     "TRAINS_MARGIN",
     "chapter_grid",
+    "check_cell",
     "comparison",
     "run_cell",
     "step_cost",
@@ -136,6 +139,45 @@ def _configs(p: Mapping[str, Any], seed: int) -> tuple[ModelConfig, TrainConfig]
         measure_flops=False, seed=seed,
     )  # fmt: skip
     return model, run
+
+
+#: the variants of the grid
+VARIANTS = ("dot", "ssm")
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: ``variant`` dot or ssm; ``steps``,
+    ``batch``, ``seq_len``, ``dim``, ``layers``, ``heads``, ``eval_batches`` integers >= 1,
+    ``lr`` a finite number > 0, the SSM's ``chunk_size`` an integer >= 1; then the model and
+    the training run :func:`run_cell` trains with (the same helper) through
+    :func:`~attention_atlas.train.config.check_model` (``dim`` divisible by ``heads``, the
+    variant's options) and :func:`~attention_atlas.train.config.check_run`. No data is loaded,
+    nothing is trained. Raises ConfigError (one line)."""
+    if params.get("variant") not in VARIANTS:
+        raise ConfigError(f"variants: expected dot and/or ssm, got {params.get('variant')!r}")
+    for key in ("steps", "batch", "seq_len", "dim", "layers", "heads", "eval_batches"):
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}: expected an integer >= 1, got {value!r}")
+    lr = params["lr"]
+    if (
+        isinstance(lr, bool)
+        or not isinstance(lr, int | float)
+        or not (math.isfinite(lr) and lr > 0)
+    ):
+        raise ConfigError(f"lr: expected a finite number > 0, got {lr!r}")
+    options = params["options"]
+    if not isinstance(options, dict):
+        raise ConfigError(f"options: expected a mapping, got {options!r}")
+    chunk = options.get("chunk_size", 1)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ConfigError(f"chunk_size: expected an integer >= 1, got {chunk!r}")
+    try:
+        mcfg, tcfg = _configs(params, 0)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model settings: {one_line(err)}") from None
+    check_model(mcfg)
+    check_run(tcfg)
 
 
 def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from torch import Tensor
 from attention_atlas.attention.dot import sdpa
 from attention_atlas.attention.sma import ssd
 from attention_atlas.bench.timing import compare, count_flops, peak_memory
+from attention_atlas.validate import ConfigError
 from attention_atlas.viz import loglog_slope
 
 from .accuracy import Inputs, accuracy_check, make_inputs, say
@@ -45,6 +46,7 @@ __all__ = [
     "PARTS",
     "PRESETS",
     "chapter_grid",
+    "check_cell",
     "crossover",
     "flop_growth",
     "format_benchmark",
@@ -421,6 +423,53 @@ def chapter_grid(
         "accuracy": {"length": accuracy_length},
     }  # fmt: skip
     return {p: {"part": p, **grid[p], **shape} for p in parts}
+
+
+#: the grid parameter each cell parameter comes from (for the messages of :func:`check_cell`)
+_GRID_NAME = {
+    "sweep": {"lengths": "lengths", "reps": "reps"},
+    "flops": {"lengths": "flop_lengths"},
+    "ratio": {"lengths": "ratio_lengths", "reps": "ratio_reps"},
+    "linearity": {"lengths": "linear_lengths", "reps": "ratio_reps"},
+    "accuracy": {"length": "accuracy_length"},
+}
+
+
+def _count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: expected an integer >= 1, got {value!r}")
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: ``part`` one of :data:`PARTS`;
+    ``heads``, ``head_dim``, ``state``, ``chunk_size`` integers >= 1; the part's sequence
+    lengths a non-empty list of distinct integers >= 1 (``length`` for ``accuracy``), its
+    rounds ``reps`` >= 1, its time cap ``max_seconds`` and memory budget ``memory_gb`` finite
+    numbers > 0. Nothing is drawn or timed. Raises ConfigError (one line)."""
+    part = params.get("part")
+    if part not in PARTS:
+        raise ConfigError(f"parts: expected names from {', '.join(PARTS)}, got {part!r}")
+    names = _GRID_NAME[part]
+    for key in ("heads", "head_dim", "state", "chunk_size"):
+        _count(key, params[key])
+    if "lengths" in params:
+        lengths = params["lengths"]
+        if not isinstance(lengths, list) or not lengths:
+            raise ConfigError(f"{names['lengths']}: expected a non-empty list, got {lengths!r}")
+        for length in lengths:
+            _count(names["lengths"], length)
+        if len(set(lengths)) != len(lengths):
+            raise ConfigError(f"{names['lengths']}: expected distinct lengths, got {lengths}")
+    if "length" in params:
+        _count(names.get("length", "length"), params["length"])
+    if "reps" in params:
+        _count(names.get("reps", "reps"), params["reps"])
+    for key in ("max_seconds", "memory_gb"):
+        if key in params:
+            value = params[key]
+            number = not isinstance(value, bool) and isinstance(value, int | float)
+            if not (number and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{key}: expected a finite number > 0, got {value!r}")
 
 
 def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -23,6 +23,10 @@ harness (:func:`attention_atlas.train.train`) on the same data:
 ``python -m attention_atlas sweep zoo --preset book`` runs the book's grid (stored under
 ``results/zoo/book``); ``--preset long`` the full protocol. The chapter's analysis is in
 :mod:`attention_atlas.experiments.zoo.analysis`.
+
+One idea: the cells of chapter 9's grid, each built from its parameters by the same helpers
+(:func:`mqar_configs`, :func:`ptb_configs`, :func:`time_arm_model`) whether it is checked before
+any work (:func:`check_cell`) or run (:func:`run_cell`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,17 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from attention_atlas.validate import ConfigError, one_line
+
+if TYPE_CHECKING:
+    from attention_atlas.models import ModelConfig
+    from attention_atlas.train import TrainConfig
 
 __all__ = [
     "CONTROL",
@@ -49,7 +59,11 @@ __all__ = [
     "VARIANTS",
     "VOLATILE_METRICS",
     "chapter_grid",
+    "check_cell",
     "model_config",
+    "mqar_configs",
+    "ptb_configs",
+    "time_arm_model",
     "time_cell",
     "training_step",
     "NO_MLP",
@@ -204,6 +218,8 @@ def chapter_grid(
     bad = sorted(set(variants) - set(VARIANTS))
     if bad:
         raise ValueError(f"unknown arm(s) {bad}; known: {', '.join(VARIANTS)}")
+    if CONTROL not in variants:  # the timing cell's ratios and every claim are to the control
+        raise ValueError(f"variants must include the control {CONTROL!r}, got {list(variants)}")
     if centre_width not in widths or centre_pairs not in pairs:
         raise ValueError(
             f"the centre (width {centre_width}, {centre_pairs} pairs) must be in widths "
@@ -294,6 +310,87 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     if kind == "time":
         return time_cell(params, seed)
     raise ValueError(f"unknown cell kind {kind!r}; expected mqar, ptb or time")
+
+
+def _count(name: str, value: Any, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name}: expected an integer >= {least}, got {value!r}")
+
+
+def _number(name: str, value: Any, *, zero: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if not (ok and (value >= 0 if zero else value > 0)):
+        raise ConfigError(
+            f"{name}: expected a finite number {'>=' if zero else '>'} 0, got {value!r}"
+        )
+
+
+def check_cell(params: dict[str, Any]) -> None:
+    """Check one configuration's parameters before any work: its arms (the timing cell's with
+    the control), MQAR tasks (:func:`~attention_atlas.data.mqar.check_mqar`, split sizes),
+    ``lrs``, ``budget_s``, the timing cell's ``batch_size`` and ``reps``; the models and runs
+    it trains (:func:`mqar_configs` for the cell and its selection at every lr,
+    :func:`ptb_configs`, each timed arm's model) through
+    :func:`~attention_atlas.train.config.check_model` and
+    :func:`~attention_atlas.train.config.check_run`; the cofactor regulariser (weight > 0,
+    ``beta`` >= 0, heads from 1 to ``n_heads``). Nothing is drawn or trained. Raises
+    ConfigError (one line)."""
+    from attention_atlas.data.mqar import check_mqar
+    from attention_atlas.train.config import check_model, check_run
+
+    kind = params.get("kind")
+    if kind not in ("mqar", "ptb", "time"):
+        raise ConfigError(f"kind: expected mqar, ptb or time, got {kind!r}")
+    arms = params["variants"] if kind == "time" else [params["variant"]]
+    if not isinstance(arms, list) or any(v not in VARIANTS for v in arms):
+        raise ConfigError(f"variants: expected names from {', '.join(VARIANTS)}, got {arms!r}")
+    if kind == "time" and CONTROL not in arms:
+        raise ConfigError(f"variants: the timing cell needs the control {CONTROL!r}, got {arms}")
+    if kind == "time":
+        _count("time_batch", params["batch_size"])
+        _count("time_reps", params["reps"])
+    parts = [params, params["selection"]] if kind == "mqar" else [params]  # and the lr selection
+    for task in (part["task"] for part in parts if "task" in part):
+        check_mqar(task["seq_len"], task["n_pairs"], task["vocab_size"], task["query_dist"], 0.01)
+        for key in ("n_train", "n_val", "n_test"):
+            _count(key, task[key])
+    lrs = params["selection"]["lrs"] if kind == "mqar" else []
+    if kind == "mqar" and (not isinstance(lrs, list) or not lrs):
+        raise ConfigError(f"lrs: expected a non-empty list, got {lrs!r}")
+    for lr in lrs:
+        _number("lrs", lr)
+    if kind == "ptb":
+        _number("ptb_budget_s", params["train"]["budget_s"])
+    reg = params["cofactor"] if kind == "time" else params["regularizer"]
+    configs: list[tuple[ModelConfig, TrainConfig | None]]
+    try:
+        if kind == "mqar":
+            configs = [mqar_configs(arms[0], p["model"], p["task"], p["train"], reg, lr, 0)
+                       for p in parts for lr in lrs]  # fmt: skip
+        elif kind == "ptb":
+            configs = [ptb_configs(params, 0)]
+        else:
+            length = params["task"]["seq_len"]
+            configs = [(model_config(v, {**time_arm_model(params, v), "max_len": length}), None)
+                       for v in arms]  # fmt: skip
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model settings: {one_line(err)}") from None
+    models: list[Any] = []
+    for mcfg, tcfg in configs:
+        if mcfg not in models:  # the same model at every learning rate: checked once
+            models.append(mcfg)
+            with quiet_no_mlp():  # a block without MLP, built on the meta device
+                check_model(mcfg)
+        if tcfg is not None:
+            check_run(tcfg)
+    if kind != "time" and (reg is not None) != (arms[0] == "cofactor"):
+        raise ConfigError(f"regularizer: the {arms[0]} arm does not take {reg!r}")
+    if reg is not None and "cofactor" in arms:
+        _number("cofactor_weight", reg.get("weight"))
+        _number("cofactor_beta", reg.get("beta", 0.0), zero=True)
+        heads, n_heads = reg.get("heads", 1), params["model"]["n_heads"]
+        if isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= n_heads:
+            raise ConfigError(f"cofactor heads: expected 1 to n_heads={n_heads}, got {heads!r}")
 
 
 def _mqar_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -391,6 +488,19 @@ def _mqar_data(task_json: str, seed: int) -> Any:
     return mqar_task(**json.loads(task_json), seed=seed)
 
 
+def mqar_configs(
+    variant: str, model: dict[str, Any], task: dict[str, Any], train: dict[str, Any],
+    regularizer: dict[str, Any] | None, lr: float, seed: int,
+) -> tuple[ModelConfig, TrainConfig]:  # fmt: skip
+    """The model (as long as the task's sequences) and training run of an MQAR run at ``lr``."""
+    from attention_atlas.train import TrainConfig
+
+    tcfg = TrainConfig(**train, lr=lr, seed=seed, eval_test=True, progress=False,
+                       measure_flops=False, effective_rank=False,
+                       regularizers=[regularizer] if regularizer else [])  # fmt: skip
+    return model_config(variant, {**model, "max_len": task["seq_len"]}), tcfg
+
+
 def _train_mqar(
     variant: str, model: dict[str, Any], task: dict[str, Any], train: dict[str, Any],
     regularizer: dict[str, Any] | None, lr: float, seed: int,
@@ -402,17 +512,15 @@ def _train_mqar(
     from dataclasses import replace
 
     from attention_atlas.experiments.cofactor.run import grad_stats
-    from attention_atlas.train import TrainConfig, evaluate
+    from attention_atlas.train import evaluate
     from attention_atlas.train import train as train_model
 
     data = _mqar_data(json.dumps(task, sort_keys=True), seed)
-    tcfg = TrainConfig(**train, lr=lr, seed=seed, eval_test=True, progress=False,
-                       measure_flops=False, effective_rank=False,
-                       regularizers=[regularizer] if regularizer else [])  # fmt: skip
+    mcfg, tcfg = mqar_configs(variant, model, task, train, regularizer, lr, seed)
     norms: list[float] = []
     with quiet_no_mlp():
-        res = train_model(model_config(variant, {**model, "max_len": task["seq_len"]}), tcfg,
-                          data, callbacks=[lambda step, info: norms.append(info["grad_norm"])])  # fmt: skip
+        res = train_model(mcfg, tcfg, data,
+                          callbacks=[lambda step, info: norms.append(info["grad_norm"])])  # fmt: skip
     n = data.val_x.shape[0]
     seen = replace(data, val_x=data.train_x[:n], val_y=data.train_y[:n])
     train_acc = evaluate(res.model, seen, batch_size=tcfg.eval_batch_size)["acc"]
@@ -444,19 +552,13 @@ def _train_mqar(
 def _ptb_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     """Train one arm on char-PTB for a fixed wall-clock budget (``schedule="time"``) and report
     validation bpc, the steps done and the time per step."""
-    from attention_atlas.train import TrainConfig, train
+    from attention_atlas.train import train
 
     tp = params["train"]
     corpus = _char_ptb()
-    reg = params["regularizer"]
-    tcfg = TrainConfig(
-        steps=10**7, max_time_s=tp["budget_s"], schedule="time", batch_size=tp["batch_size"],
-        seq_len=tp["seq_len"], lr=tp["lr"], warmup_steps=20, log_every=10**7, seed=seed,
-        eval_batches=1, final_eval_batches=tp["eval_batches"], progress=False,
-        measure_flops=False, effective_rank=False, regularizers=[reg] if reg else [],
-    )  # fmt: skip
+    mcfg, tcfg = ptb_configs(params, seed)
     with quiet_no_mlp():
-        res = train(model_config(params["variant"], params["model"]), tcfg, corpus)
+        res = train(mcfg, tcfg, corpus)
     steps = res.final["steps"]
     return {
         "variant": params["variant"], "val_bpc": res.final["val_bpc"],
@@ -464,6 +566,21 @@ def _ptb_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
         "ptb_step_ms": 1e3 * res.final["train_time_s"] / max(steps, 1.0),
         "budget_s": tp["budget_s"], "diverged": float(res.diverged is not None),
     }  # fmt: skip
+
+
+def ptb_configs(params: dict[str, Any], seed: int) -> tuple[ModelConfig, TrainConfig]:
+    """The model and training run of a char-PTB cell: a cosine over the budget ``budget_s``."""
+    from attention_atlas.train import TrainConfig
+
+    tp = params["train"]
+    reg = params["regularizer"]
+    tcfg = TrainConfig(
+        steps=10**7, max_time_s=tp["budget_s"], schedule="time", batch_size=tp["batch_size"],
+        seq_len=tp["seq_len"], lr=tp["lr"], warmup_steps=20, log_every=10**7, seed=seed,
+        eval_batches=1, final_eval_batches=tp["eval_batches"], progress=False,
+        measure_flops=False, effective_rank=False, regularizers=[reg] if reg else [],
+    )  # fmt: skip
+    return model_config(params["variant"], params["model"]), tcfg
 
 
 @functools.lru_cache(maxsize=1)
@@ -492,6 +609,13 @@ def training_step(
     return batch_step(net, opt, (x, y), regularizers=regs, need_weights=bool(regs))
 
 
+def time_arm_model(params: dict[str, Any], variant: str) -> dict[str, Any]:
+    """Arm ``variant``'s model in a timing cell (the task's vocabulary, the arm's own settings)."""
+    model = {**params["model"], "vocab_size": int(params["task"]["vocab_size"])}
+    arm = params.get("arm_model", {})
+    return {**model, **arm.get(variant, {})}
+
+
 def time_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     """Median milliseconds of one training step of each arm (``<variant>_ms``) and its ratio to
     dot's (``ratio_<variant>``), timed in interleaved rounds on one MQAR batch drawn from
@@ -501,9 +625,7 @@ def time_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
 
     task = mqar_task(**params["task"], seed=seed)
     x, y = task.train_x[: params["batch_size"]], task.train_y[: params["batch_size"]]
-    model = {**params["model"], "vocab_size": int(params["task"]["vocab_size"])}
-    arm = params.get("arm_model", {})  # each arm's own model settings (the SSM's initialisation)
-    fns = {v: training_step(v, {**model, **arm.get(v, {})}, x, y, params["cofactor"], seed)
+    fns = {v: training_step(v, time_arm_model(params, v), x, y, params["cofactor"], seed)
            for v in params["variants"]}  # fmt: skip
     res = compare(fns, "dot", (), backward=False, warmup=1, reps=params["reps"], memory=False)
     out: dict[str, Any] = {"batch_size": params["batch_size"], "seq_len": x.shape[1]}
