@@ -19,17 +19,26 @@
 # chapter gathers every claim and what the book found, from the library's claims register
 # (`attention_atlas.claims`), so no verdict on this page is typed by hand.
 #
-# **The rule.** A mathematical claim (an identity, a bound, a cost count) is decided by a
-# float64 check that runs when this page is built: *supported* if it holds, *contradicted* if
-# it fails. An empirical claim is decided by one rule, measured against a control (the rule is
-# printed below, from `attention_atlas.stats.RULE_TEXT`, with the training-scale gate of
-# `attention_atlas.claims`).
-# Absence of a difference is never a "holds".
+# **The rule.** Every claim declares its form in the register before any data: *exact* (a
+# float64 identity, bound or cost count, with its tolerance), *superiority*, *non-inferiority*,
+# *equivalence* (empirical, with the smallest effect of interest as the margin), or
+# *ill-posed* (it cannot be tested as written, and the register says why). An exact claim is
+# decided by a float64 check: *supported* if it holds, *contradicted* if it fails, on every
+# case its words cover. An empirical claim is decided by the one rule of its form, measured
+# against a control (printed below from `attention_atlas.stats.RULE_TEXT`, with the
+# training-scale gate of `attention_atlas.claims`), and only when the test could have failed:
+# a saturated measure, no events to count, an untrained baseline or a diverged arm make it
+# *not tested*, with that reason. Absence of a difference is never a "holds".
+#
+# The checks are stored with their provenance (`results/claims/book`, made by
+# `python -m attention_atlas claims --recompute`) and read from there while the sources and
+# stored results they rest on are unchanged; otherwise this page computes them when it is
+# built.
 
 
 # %% tags=["parameters"]
 smoke_checks = False  # toy sizes for the computed checks (the tests' smoke run)
-min_claims = 30  # the register must hold at least this many claims
+min_claims = 120  # the register must hold at least this many claims
 
 # %% tags=["smoke"]
 SMOKE = {"smoke_checks": True}
@@ -50,6 +59,7 @@ chapter_stems = {p.stem for p in chapters(repo_root() / "notebooks")}
 assert len(register) >= min_claims, f"only {len(register)} claims in the register"
 assert set(register["seed"]) == set(claims.SEEDS), "every seed must have claims"
 assert register["outcome"].isin(OUTCOMES).all()
+assert register["form"].isin(stats.FORMS).all(), "every claim declares its form"
 assert register["chapter"].isin(chapter_stems).all(), "a claim names a chapter that does not exist"
 assert register["key"].is_unique
 counts = register.groupby(["seed", "outcome"]).size().unstack(fill_value=0)
@@ -97,15 +107,27 @@ def tested_in(chapter: str, section: str) -> str:
 
 
 for seed, (title, source) in claims.SEEDS.items():
-    lines = [f"**{title}** ({source})", "", "| claim | source | outcome | evidence | tested in |"]
-    lines.append("|---|---|---|---|---|")
+    lines = [f"**{title}** ({source})", "",
+             "| claim | source | form | outcome | evidence | tested in |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in register[register["seed"] == seed].itertuples():
         scale = f" *Scale: {cell(r.scale)}.*" if isinstance(r.scale, str) and r.scale else ""
+        why = f" ({r.reason})" if r.outcome == "not tested" and r.reason else ""
         lines.append(
-            f"| {cell(r.statement)} | {cell(r.source)} | **{r.outcome}** | {cell(r.summary)}."
-            f"{scale} | {tested_in(r.chapter, r.section)} |"
+            f"| {cell(r.statement)} | {cell(r.source)} | {r.form} | **{r.outcome}**{why} | "
+            f"{cell(r.summary)}.{scale} | {tested_in(r.chapter, r.section)} |"
         )
     viz.markdown("\n".join(lines))
+
+# %% [markdown]
+# ## A referee report per seed
+#
+# Read as a referee would: the errata (each contradicted or ill-posed claim with its
+# counterexample or measurement), what holds and at what scale, and what is open with what
+# deciding it would take. Every line is written from the register above.
+
+# %%
+for seed in claims.SEEDS:
+    viz.markdown(claims.referee_report(register, seed))
 
 # %% [markdown]
 # ## Explore the register
@@ -166,4 +188,6 @@ viz.markdown(
     f"scale ({listing('not resolved')}) and "
     f"{int((register['outcome'] == 'not tested').sum())} not tested ({listing('not tested')})"
 )
-display(register[["key", "kind", "outcome", "effect", "sesoi", "scale", "evidence"]])
+display(
+    register[["key", "kind", "form", "outcome", "reason", "effect", "sesoi", "scale", "evidence"]]
+)

@@ -245,7 +245,7 @@ def test_a_verdict_whose_arms_diverged_is_not_tested_and_names_them() -> None:
     the seed would compare the arms on the seeds that survived."""
 
     rows = [
-        {"config": c, "seed": s, "val_bpc": 2.0, "erank_2": e + 0.1 * s}
+        {"config": c, "seed": s, "val_bpc": 2.0, "erank_2": e + 0.1 * s * (1 + (c == "fbt_rank-8"))}
         for c, e in (("fbt", 5.0), ("fbt_rank-1", 4.0), ("fbt_rank-8", 7.0))
         for s in (0, 1, 2)
     ]
@@ -254,7 +254,7 @@ def test_a_verdict_whose_arms_diverged_is_not_tested_and_names_them() -> None:
     runs = Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd")  # type: ignore[arg-type]
     assert runs.diverged("fbt_rank-8") == {} and V.diverged_reason(runs, ["fbt_rank-8"]) is None
     v = V.p6_verdict(runs)
-    assert v.outcome != "not tested" and v.effect.mean == pytest.approx(3.0)
+    assert v.outcome != "not tested" and v.effect.mean == pytest.approx(3.1)
     rows[7] = {"config": "fbt_rank-8", "seed": 1, "val_bpc": math.nan, "diverged_step": 622}
     runs = Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd")  # type: ignore[arg-type]
     assert runs.diverged("fbt_rank-8") == {1: 622} and runs.diverged("fbt_rank-1") == {}
@@ -277,13 +277,13 @@ def test_p1_is_not_tested_when_its_weakest_level_diverged_and_keeps_its_scales()
     }
     rows = [
         {"config": c, "seed": s, "val_bpc": 2.0, "entry_scale_1": e, "entry_scale_2": e,
-         "sigma2_1": g + 0.01 * s, "sigma2_2": g + 0.01 * s}
-        for c, (_, e, g) in levels.items() for s in (0, 1, 2)
+         "sigma2_1": g + 0.01 * s * f, "sigma2_2": g + 0.01 * s * f}
+        for c, (f, e, g) in levels.items() for s in (0, 1, 2)
     ]  # fmt: skip
     grid = {c: {"kappa_factor": f} for c, (f, _, _) in levels.items()}
     v, p1 = V.p1_verdict(Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd"))  # type: ignore[arg-type]
     assert (p1["weakest"], p1["strongest"]) == ("fbt_kappa-0.1", "fbt_kappa-10")
-    assert v.outcome != "not tested" and v.effect.mean == pytest.approx(0.3)
+    assert v.outcome != "not tested" and v.effect.mean == pytest.approx(0.3 + 0.01 * 9.9)
     rows[2] = {"config": "fbt_kappa-0.1", "seed": 2, "val_bpc": math.nan, "diverged_step": 421}
     v, p1 = V.p1_verdict(Runs(grid, [0, 1, 2], pd.DataFrame(rows), {}, 2, "cmd"))  # type: ignore[arg-type]
     assert v.outcome == "not tested" and v.effect is None

@@ -110,8 +110,13 @@ def test_p3_growth_beyond_the_noise_control_contradicts_collapse():
 
 def test_p3_growth_equal_to_the_noise_controls_is_contradicted_not_supported():
     same = both_layers("kappa_{l}_mean", lambda s: 10.0 * (1 + 0.01 * s))
-    runs = runs_with(fbt_noise=same, fbt_reg_none=same, fbt_reg_l2=same)
+    near = both_layers("kappa_{l}_mean", lambda s: 10.0 * (1 + 0.012 * s))  # the same, seed noise
+    runs = runs_with(fbt_noise=same, fbt_reg_none=near, fbt_reg_l2=near)
     assert {v.outcome for v in V.p3_verdicts(runs).values()} == {"contradicted"}
+    # identical to the control in every seed: a zero-width interval decides nothing
+    ident = runs_with(fbt_noise=same, fbt_reg_none=same, fbt_reg_l2=same)
+    v = V.p3_verdicts(ident)["none"]
+    assert (v.outcome, v.category) == ("not tested", "measure saturated")
 
 
 # -- P4 ---------------------------------------------------------------------------------------

@@ -242,8 +242,9 @@ def test_regime_is_set_by_the_bound_and_the_entry_scale():
     ("fixed", "outcome"),
     [
         ([3.1, 2.9, 3.0, 3.05], "supported"),  # a floor of about 3 where the control collapsed
-        ([1.0, 1.0, 1.0, 1.0], "contradicted"),  # collapsed like the control
+        ([1.02, 0.98, 1.01, 0.99], "contradicted"),  # collapsed like the control
         ([1.0, 2.9, 1.0, 3.0], "not resolved"),
+        ([1.0, 1.0, 1.0, 1.0], "not tested"),  # rank 1 in every arm: saturated, decides nothing
     ],
 )
 def test_stack_verdicts_super_critical_against_the_homogeneous_control(fixed, outcome):
@@ -259,8 +260,11 @@ def test_stack_verdicts_super_critical_against_the_homogeneous_control(fixed, ou
 
 
 def test_stack_verdicts_sub_critical_claim_no_difference():
-    same = synthetic_stacks([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], entry=0.001, bound_max=0.05, entry_min=0.001)  # fmt: skip
+    same = synthetic_stacks([1.02, 0.99, 1.0], [1.0, 1.0, 1.0], entry=0.001, bound_max=0.05, entry_min=0.001)  # fmt: skip
     assert rc.stack_outcomes(same)["riemannian/conj-3.6-sub"].outcome == "supported"
+    flat = synthetic_stacks([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], entry=0.001, bound_max=0.05, entry_min=0.001)  # fmt: skip
+    sub = rc.stack_outcomes(flat)["riemannian/conj-3.6-sub"]  # every arm at rank 1: saturated
+    assert (sub.outcome, sub.reason) == ("not tested", "measure saturated")
     apart = synthetic_stacks([2.0, 2.1, 1.9], [1.0, 1.0, 1.0], entry=0.001, bound_max=0.05, entry_min=0.001)  # fmt: skip
     assert rc.stack_outcomes(apart)["riemannian/conj-3.6-sub"].outcome == "contradicted"
     assert rc.stack_verdicts(synthetic_stacks([2.0] * 3, [1.0] * 3, bound_max=5.0, entry_min=0.2)).empty  # fmt: skip

@@ -24,7 +24,7 @@ from attention_atlas.experiments.sma.checks import (
 )
 
 CHAPTER = Path(__file__).resolve().parents[1] / "notebooks" / f"{claims.C7}.py"
-SMA = [c for c in claims.CLAIMS if c.seed == "sma"]
+SMA = [c for c in claims.CLAIMS if c.module == "attention_atlas.experiments.sma"]  # chapter 7's
 
 
 def g42() -> torch.Generator:

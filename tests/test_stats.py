@@ -123,3 +123,56 @@ def test_seed_range_describes_runs_by_their_mean_and_extremes() -> None:
     assert seed_range([0.5], digits=1) == "0.5 (one seed)"
     with pytest.raises(ValueError, match="finite numbers"):
         seed_range([1.0, float("nan")])
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "better", "outcome"),
+    [
+        (0.05, 0.11, 1, "supported"),  # better than the control: never a contradiction
+        (-0.015, 0.02, 1, "supported"),  # at worst 0.015 worse: within the margin 0.02
+        (-0.05, 0.01, 1, "not resolved"),  # reaches past the margin
+        (-0.09, -0.03, 1, "contradicted"),  # wholly worse than the margin
+        (0.03, 0.09, -1, "contradicted"),  # lower is better: 0.03 to 0.09 higher is worse
+        (-0.09, 0.01, -1, "supported"),  # lower is better, at worst 0.01 worse
+    ],
+)
+def test_non_inferiority_rule(low: float, high: float, better: int, outcome: str) -> None:
+    from attention_atlas.stats import non_inferiority
+
+    v = non_inferiority(Interval((low + high) / 2, low, high, 5), margin=0.02, better=better)
+    assert (v.outcome, v.form) == (outcome, "non-inferiority")
+
+
+def test_the_zoo_accuracy_case_is_supported_by_non_inferiority_and_contradicted_by_equivalence():
+    """Issue 52's first case: the regularised arm 0.080 [0.048, 0.111] MQAR accuracy *better*
+    than dot. A no-loss claim must not be contradicted by a gain; an equivalence claim is."""
+    from attention_atlas.stats import decide
+
+    gain = Interval(0.0795, 0.0484, 0.111, 5)
+    assert decide("non-inferiority", gain, margin=0.02, direction=1).outcome == "supported"
+    assert decide("equivalence", gain, margin=0.02).outcome == "contradicted"
+    assert decide("superiority", gain, margin=0.02, direction=1).outcome == "supported"
+    with pytest.raises(ValueError, match="exact claims are checks"):
+        decide("exact", gain, margin=0.02)
+
+
+@pytest.mark.parametrize("form", ["superiority", "non-inferiority", "equivalence"])
+def test_no_verdict_rests_on_a_zero_width_interval(form: str) -> None:
+    """0 [0, 0] (no events in either arm) and 1.0 against 1.0 (a saturated measure): every
+    form says *not tested*, measure saturated; a width of one part in 1e9 is decided."""
+    from attention_atlas.stats import decide
+
+    for mean in (0.0, 1.0, 5e-15):
+        v = decide(form, Interval(mean, mean, mean, 5), margin=0.5, direction=1)
+        assert (v.outcome, v.category) == ("not tested", "measure saturated"), (form, mean)
+    assert decide(form, Interval(2.0, 1.0, 3.0, 5), margin=0.5, direction=1).outcome != "not tested"
+
+
+def test_a_reason_given_is_filed_under_its_category() -> None:
+    from attention_atlas.stats import NOT_TESTED, non_inferiority, not_tested_category
+
+    v = non_inferiority(None, margin=1.0, not_tested="no events: no non-finite value in any run")
+    assert (v.outcome, v.category) == ("not tested", "no events")
+    assert not_tested_category("fbt_kappa-0.1 diverged in 5 of 5 seeds") == "arm diverged"
+    assert not_tested_category("the baseline is above 3 bpc (the bigram regime)") in NOT_TESTED
+    assert verdict(Interval(1.0, 0.5, 1.5, 2), sesoi=0.1).category == "too few runs"

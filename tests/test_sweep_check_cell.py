@@ -97,6 +97,11 @@ BAD: dict[str, list[tuple[str, str, str]]] = {
         ("max_seconds=-1", "max_seconds: expected a finite number > 0, got -1", CELL),
         ("memory_gb=0", "memory_gb: expected a finite number > 0, got 0", CELL),
     ],
+    "claims": [
+        ("smoke=2", "smoke: expected true or false, got 2", CELL),
+        ('smoke="no"', "smoke: expected true or false, got 'no'", CELL),
+        ('modules=["nosuch"]', "modules: unknown ['nosuch']", GRID),
+    ],
     "ssm-lm": [
         ("steps=0", "steps: expected an integer >= 1, got 0", CELL),
         ("batch=0", "batch: expected an integer >= 1, got 0", CELL),

@@ -5,11 +5,16 @@ library's one verdict rule.
 * :func:`paired_difference`: the interval of ``a - b`` over the seeds both arms share (pairing
   by seed cancels the seed-to-seed variation of data order and initialisation).
 * :class:`Interval`: the result, with one text form (:meth:`Interval.format`) for every chapter.
-* :func:`verdict`: the rule. A claim is tested against a smallest effect of interest ``sesoi``
-  declared before the run; the outcome is *supported*, *contradicted*, *not resolved* (with the
-  smallest effect the run could have detected) or *not tested* (with the reason). Absence of a
+* :func:`decide`: the rule, by the claim's declared form (:data:`FORMS`): *superiority*
+  (:func:`verdict` with a direction), *non-inferiority* (:func:`non_inferiority`: a margin, and
+  which side is better) or *equivalence* (:func:`equivalence`: a margin either way). A claim is
+  tested against a smallest effect of interest (the margin) declared before the run; the outcome
+  is *supported*, *contradicted*, *not resolved* (with the smallest effect the run could have
+  detected) or *not tested* (with the reason, one of :data:`NOT_TESTED`). Absence of a
   difference is never "holds": it is *not resolved* unless the interval shows the effect is
-  smaller than ``sesoi``.
+  smaller than the margin. No verdict rests on fewer than :data:`MIN_RUNS` runs or on a
+  zero-width interval (every run gave the same difference: the measure could not have told the
+  arms apart, so the test could not have failed).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import pandas as pd
 from scipy import stats as _st
 
 __all__ = [
+    "FORMS",
+    "NOT_TESTED",
     "OUTCOMES",
     "Interval",
     "Verdict",
@@ -33,6 +40,10 @@ __all__ = [
     "paired_difference",
     "seed_range",
     "summarise",
+    "decide",
+    "equivalence",
+    "non_inferiority",
+    "not_tested_category",
     "verdict",
 ]
 
@@ -40,6 +51,23 @@ __all__ = [
 OUTCOMES = ("supported", "contradicted", "not resolved", "not tested")
 #: fewest runs (seeds) a verdict may rest on
 MIN_RUNS = 3
+#: the forms a claim declares before data: *exact* (a float64 identity or bound within a stated
+#: tolerance), *superiority* (an effect in a stated direction of at least the margin),
+#: *non-inferiority* (no worse than a margin; which side is better is stated), *equivalence*
+#: (within a margin either way), *ill-posed* (cannot be tested as written; the register says why)
+FORMS = ("exact", "superiority", "non-inferiority", "equivalence", "ill-posed")
+#: why an outcome is *not tested* (the ``reason`` of a verdict that could not be made)
+NOT_TESTED = (
+    "measure saturated",  # every run gave the same value: the arms could not have differed
+    "no events",  # nothing to count in any arm (no non-finite value, no spike)
+    "baseline not trained",  # the control has barely left the bigram regime
+    "arm diverged",  # a run the comparison needs did not finish
+    "too few runs",  # fewer than MIN_RUNS, or no interval
+    "geometry inert",  # removing the geometry at evaluation changes nothing measurable
+    "not run",  # the experiment that decides it has not been run (its cost is stated)
+    "no measurement",
+    "ill-posed",  # the claim cannot be tested as written (the register says why)
+)
 
 
 def interval(
@@ -184,6 +212,8 @@ class Verdict:
     direction: int  # +1: the claim predicts an increase, -1 a decrease, 0 no effect
     reason: str  # one sentence: why this outcome
     detectable: float | None = None  # for "not resolved": the smallest effect the run resolves
+    form: str = "superiority"  # the claim's form (FORMS) this rule decided
+    category: str | None = None  # for "not tested": one of NOT_TESTED
 
     def __str__(self) -> str:
         return f"{self.outcome}: {self.reason}"
@@ -191,15 +221,22 @@ class Verdict:
 
 #: the verdict rule of :func:`verdict` in words, for the chapters (one home: they render it)
 RULE_TEXT = (
-    "Each claim about an effect is decided by the library's one rule "
-    "(`attention_atlas.stats.verdict`) against a smallest effect of interest (SESOI) declared "
-    "before the runs, from the 95% interval of the effect over at least "
-    f"{MIN_RUNS} seeds: *contradicted* when the interval rules out a predicted effect as large "
-    "as the SESOI (it lies below it, or on the other side of zero); *supported* when it is not "
-    "contradicted and the interval excludes zero on the predicted side; *not resolved* "
-    "otherwise (then the smallest effect the runs could have told from zero is reported); "
-    "*not tested* when the comparison could not be made, with the reason. A claim of no "
-    "effect is supported when the whole interval lies within the SESOI."
+    "Each claim declares its form before the runs: *exact* (a float64 identity or bound, with "
+    "its tolerance), *superiority* (an effect in a stated direction), *non-inferiority* (no "
+    "worse than a margin; a better result never contradicts it), *equivalence* (within a "
+    "margin either way) or *ill-posed* (it cannot be tested as written, and the register says "
+    "why). An empirical claim is decided by the library's one rule "
+    "(`attention_atlas.stats.decide`) against its margin, the smallest effect of interest "
+    "(SESOI) declared before the runs, from the 95% interval of the effect over at least "
+    f"{MIN_RUNS} seeds. Superiority: *contradicted* when the interval rules out a predicted "
+    "effect as large as the SESOI, *supported* when it is not contradicted and the interval "
+    "excludes zero on the predicted side. Non-inferiority: *supported* when the whole interval "
+    "is better than minus the margin, *contradicted* when it is wholly worse. Equivalence: "
+    "*supported* when the whole interval lies within the margin, *contradicted* when it lies "
+    "wholly beyond it. Otherwise *not resolved* (with the smallest effect the runs could have "
+    "told from zero). *Not tested*, with its reason, when the comparison could not be made or "
+    "could not have failed: too few runs, a zero-width interval (a saturated measure), no "
+    "events to count, a baseline not trained past the bigram regime, an arm that diverged."
 )
 
 
@@ -232,37 +269,20 @@ def verdict(
     * *not resolved*: otherwise; ``detectable`` is the interval's half-width, about the smallest
       effect this many runs could have told from zero.
 
-    For ``direction=0`` it is *supported* when the whole interval lies inside ``(-sesoi,
-    sesoi)``, *contradicted* when it excludes zero and reaches past ``sesoi`` on that side (the
-    reason names the side: an increase or a decrease), and *not resolved* otherwise.
+    ``direction=0`` is :func:`equivalence` with margin ``sesoi``. Every form is *not tested*
+    (``category`` says why) on fewer than ``min_runs`` runs and on a zero-width interval.
     """
     if not (isinstance(sesoi, int | float) and math.isfinite(sesoi) and sesoi > 0):
         raise ValueError(f"sesoi must be a positive finite number, got {sesoi!r}")
     if direction not in (-1, 0, 1):
         raise ValueError(f"direction must be -1, 0 or +1, got {direction!r}")
-    if not_tested is not None:
-        return Verdict("not tested", effect, sesoi, direction, not_tested)
-    if effect is None:
-        return Verdict("not tested", None, sesoi, direction, "no measurement")
-    if effect.n < min_runs or not effect.resolved:
-        return Verdict(
-            "not tested", effect, sesoi, direction,
-            f"{effect.n} run(s); a verdict needs at least {min_runs}",
-        )  # fmt: skip
-    text = effect.format(3, signed=True, spec=".3g")
     if direction == 0:
-        if -sesoi < effect.low and effect.high < sesoi:
-            return Verdict("supported", effect, sesoi, 0, f"{text} lies inside +-{sesoi:.3g}")
-        if (effect.low > 0 and effect.high > sesoi) or (effect.high < 0 and effect.low < -sesoi):
-            way = "an increase" if effect.low > 0 else "a decrease"
-            return Verdict(
-                "contradicted", effect, sesoi, 0,
-                f"{text} excludes zero and reaches past +-{sesoi:.3g} ({way})",
-            )  # fmt: skip
-        return Verdict(
-            "not resolved", effect, sesoi, 0,
-            f"{text} cannot decide against +-{sesoi:.3g}", effect.half_width,
-        )  # fmt: skip
+        return equivalence(effect, margin=sesoi, not_tested=not_tested, min_runs=min_runs)
+    early = _untestable(effect, sesoi, direction, "superiority", not_tested, min_runs)
+    if early is not None:
+        return early
+    assert effect is not None
+    text = effect.format(3, signed=True, spec=".3g")
     lo, hi = sorted((direction * effect.low, direction * effect.high))
     side = "an increase" if direction > 0 else "a decrease"
     if hi < sesoi:
@@ -279,3 +299,149 @@ def verdict(
         "not resolved", effect, sesoi, direction,
         f"{text} includes zero and {side} of {sesoi:.3g}", effect.half_width,
     )  # fmt: skip
+
+
+def not_tested_category(reason: str) -> str:
+    """The :data:`NOT_TESTED` category a caller's reason falls under."""
+    words = reason.lower()
+    for key, category in (("diverg", "arm diverged"), ("not finite", "arm diverged"),
+                          ("bigram", "baseline not trained"), ("saturat", "measure saturated"),
+                          ("no event", "no events"), ("inert", "geometry inert"),
+                          ("run(s)", "too few runs"), ("seed", "too few runs")):  # fmt: skip
+        if key in words:
+            return category
+    return "not run"
+
+
+def _untestable(
+    effect: Interval | None, margin: float, direction: int, form: str, not_tested: str | None,
+    min_runs: int,
+) -> Verdict | None:  # fmt: skip
+    """The *not tested* verdict when ``effect`` cannot decide anything, else None: a reason
+    given, no measurement, too few runs, or a zero-width interval (every run gave the same
+    value: the measure is saturated, and the test could not have failed)."""
+    if not (isinstance(margin, int | float) and math.isfinite(margin) and margin > 0):
+        raise ValueError(f"the margin (sesoi) must be a positive finite number, got {margin!r}")
+
+    def no(reason: str, category: str) -> Verdict:
+        return Verdict("not tested", effect, margin, direction, reason, form=form,
+                       category=category)  # fmt: skip
+
+    if not_tested is not None:
+        return no(not_tested, not_tested_category(not_tested))
+    if effect is None:
+        return no("no measurement", "no measurement")
+    if effect.n < min_runs or not effect.resolved:
+        return no(f"{effect.n} run(s); a verdict needs at least {min_runs}", "too few runs")
+    if effect.high - effect.low <= 1e-12 * max(1.0, abs(effect.mean)):
+        return no(
+            f"every one of the {effect.n} runs gave the same value ({effect.mean:.4g}): a "
+            "zero-width interval, the measure could not have told the arms apart",
+            "measure saturated",
+        )
+    return None
+
+
+def non_inferiority(
+    effect: Interval | None,
+    *,
+    margin: float,
+    better: int = 1,
+    not_tested: str | None = None,
+    min_runs: int = MIN_RUNS,
+) -> Verdict:
+    """The rule for a claim that an arm is *no worse* than its control by more than ``margin``.
+
+    ``effect`` is the arm minus the control; ``better`` says which sign is better for the arm
+    (+1: higher is better, such as accuracy; -1: lower is better, such as bpc). With ``g =
+    better * effect`` (the arm's gain): *supported* when the whole interval lies above
+    ``-margin`` (at worst ``margin`` worse); *contradicted* when it lies below ``-margin`` (worse
+    by more than the margin); *not resolved* otherwise. A result better than the margin never
+    contradicts the claim."""
+    if better not in (-1, 1):
+        raise ValueError(f"better must be -1 or +1, got {better!r}")
+    early = _untestable(effect, margin, better, "non-inferiority", not_tested, min_runs)
+    if early is not None:
+        return early
+    assert effect is not None
+    text = effect.format(3, signed=True, spec=".3g")
+    lo, hi = sorted((better * effect.low, better * effect.high))
+    side = "higher" if better > 0 else "lower"
+    if lo > -margin:
+        return Verdict(
+            "supported", effect, margin, better,
+            f"{text} ({side} is better): at worst {-lo:.3g} worse, within the margin {margin:.3g}"
+            if lo < 0 else f"{text} ({side} is better): no worse at all (margin {margin:.3g})",
+            form="non-inferiority",
+        )  # fmt: skip
+    if hi < -margin:
+        return Verdict(
+            "contradicted", effect, margin, better,
+            f"{text} ({side} is better): worse by more than the margin {margin:.3g}",
+            form="non-inferiority",
+        )  # fmt: skip
+    return Verdict(
+        "not resolved", effect, margin, better,
+        f"{text} ({side} is better) reaches past the margin -{margin:.3g}", effect.half_width,
+        form="non-inferiority",
+    )  # fmt: skip
+
+
+def equivalence(
+    effect: Interval | None,
+    *,
+    margin: float,
+    not_tested: str | None = None,
+    min_runs: int = MIN_RUNS,
+) -> Verdict:
+    """The rule for a claim of *no difference* beyond ``margin`` either way: *supported* when the
+    whole interval lies inside ``(-margin, margin)``; *contradicted* when it lies wholly beyond
+    the margin on one side (a difference of at least the margin is shown; the reason names the
+    side); *not resolved* otherwise."""
+    early = _untestable(effect, margin, 0, "equivalence", not_tested, min_runs)
+    if early is not None:
+        return early
+    assert effect is not None
+    text = effect.format(3, signed=True, spec=".3g")
+    if -margin < effect.low and effect.high < margin:
+        return Verdict("supported", effect, margin, 0, f"{text} lies inside +-{margin:.3g}",
+                       form="equivalence")  # fmt: skip
+    if effect.low >= margin or effect.high <= -margin:
+        way = "an increase" if effect.low >= margin else "a decrease"
+        return Verdict(
+            "contradicted", effect, margin, 0,
+            f"{text} lies wholly beyond the margin +-{margin:.3g} ({way})",
+            form="equivalence",
+        )  # fmt: skip
+    return Verdict(
+        "not resolved", effect, margin, 0, f"{text} cannot decide against +-{margin:.3g}",
+        effect.half_width, form="equivalence",
+    )  # fmt: skip
+
+
+def decide(
+    form: str,
+    effect: Interval | None,
+    *,
+    margin: float,
+    direction: int = 1,
+    not_tested: str | None = None,
+    min_runs: int = MIN_RUNS,
+) -> Verdict:
+    """The one rule by the claim's declared ``form``: ``superiority`` (:func:`verdict`,
+    ``direction`` +1 or -1), ``non-inferiority`` (:func:`non_inferiority`, ``direction`` is the
+    better side), ``equivalence`` (:func:`equivalence`)."""
+    if form == "superiority":
+        if direction not in (-1, 1):
+            raise ValueError(f"a superiority claim needs direction +1 or -1, got {direction!r}")
+        return verdict(effect, sesoi=margin, direction=direction, not_tested=not_tested,
+                       min_runs=min_runs)  # fmt: skip
+    if form == "non-inferiority":
+        return non_inferiority(effect, margin=margin, better=direction, not_tested=not_tested,
+                               min_runs=min_runs)  # fmt: skip
+    if form == "equivalence":
+        return equivalence(effect, margin=margin, not_tested=not_tested, min_runs=min_runs)
+    raise ValueError(
+        f"form must be superiority, non-inferiority or equivalence (an interval's forms), got "
+        f"{form!r}; exact claims are checks, ill-posed ones are not decided"
+    )

@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from attention_atlas.stats import OUTCOMES, Interval, Verdict
+from attention_atlas.stats import (
+    FORMS,
+    NOT_TESTED,
+    OUTCOMES,
+    Interval,
+    Verdict,
+    not_tested_category,
+)
 
 __all__ = ["BIGRAM_BPC", "Outcome", "TrainingScale", "outcome_from_check", "outcome_from_verdict"]
 
@@ -26,10 +33,19 @@ class Outcome:
     scale: str | None = None  # training scale: steps, tokens, dot-baseline bpc
     evidence: str = "computed"  # "computed now" or the stored results' provenance
     extra: dict[str, Any] = field(default_factory=dict)
+    form: str | None = None  # the form (stats.FORMS) the rule that made it decided
+    reason: str | None = None  # for "not tested": why (one of stats.NOT_TESTED)
+    witness: str | None = None  # why the test could have failed (computed in the same run)
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        if self.form is not None and self.form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got {self.form!r}")
+        if self.outcome == "not tested" and self.reason is None:
+            self.reason = not_tested_category(self.summary)
+        if self.reason is not None and self.reason not in NOT_TESTED:
+            raise ValueError(f"reason must be one of {NOT_TESTED}, got {self.reason!r}")
 
 
 #: a character-level model above this many bits per character has learned little beyond bigram
@@ -90,23 +106,37 @@ class TrainingScale:
         )
 
 
-def outcome_from_check(passed: bool, supported: str, contradicted: str, **kw: Any) -> Outcome:
+def outcome_from_check(
+    passed: bool, supported: str, contradicted: str, *, witness: str | None = None, **kw: Any
+) -> Outcome:
     """An exact (float64) check of a mathematical claim: *supported* with the sentence
-    ``supported`` when it passes, else *contradicted* with ``contradicted``."""
+    ``supported`` when it passes, else *contradicted* with ``contradicted``. ``witness``: that
+    the check could fail (a perturbed instance it rejects, or the size of the error it
+    tolerates)."""
     return Outcome(
-        "supported" if passed else "contradicted", supported if passed else contradicted, **kw
-    )
+        "supported" if passed else "contradicted", supported if passed else contradicted,
+        form="exact", witness=witness, **kw,
+    )  # fmt: skip
 
 
 def outcome_from_verdict(
-    v: Verdict, what: str, *, scale: TrainingScale | None, **kw: Any
+    v: Verdict, what: str, *, scale: TrainingScale | None, witness: str | None = None, **kw: Any
 ) -> Outcome:
-    """An empirical claim decided by :func:`attention_atlas.stats.verdict`; ``what`` names the
-    effect ("paired difference of validation bpc, FBT minus dot"). A training verdict passes its
-    :class:`TrainingScale`: at a scale that is not :attr:`~TrainingScale.decisive` the outcome is
-    *not tested* whatever the interval says (the interval is still reported)."""
+    """An empirical claim decided by the one rule (:func:`attention_atlas.stats.decide`);
+    ``what`` names the effect ("paired difference of validation bpc, FBT minus dot"). A training
+    verdict passes its :class:`TrainingScale`: at a scale that is not
+    :attr:`~TrainingScale.decisive` the outcome is *not tested* (reason "baseline not trained")
+    whatever the interval says (the interval is still reported). ``witness``: why the test
+    could have failed (a positive control that moved the measure, events counted); by default
+    the spread of the runs on the measure (the rule already refuses a zero-width interval)."""
     scale_text = None if scale is None else scale.text()
+    if witness is None and v.effect is not None and v.outcome != "not tested":
+        witness = (f"the runs differ on the measure: {v.effect.n} runs, interval "
+                   f"{v.effect.high - v.effect.low:.3g} wide")  # fmt: skip
+    common = dict(form=v.form, witness=witness, **kw)
     if scale is not None and not scale.decisive and v.outcome in ("supported", "contradicted"):
         summary = f"{what}: {v.reason}; not decisive, since {scale.reason()}"
-        return Outcome("not tested", summary, v.effect, v.sesoi, scale_text, **kw)
-    return Outcome(v.outcome, f"{what}: {v.reason}", v.effect, v.sesoi, scale_text, **kw)
+        return Outcome("not tested", summary, v.effect, v.sesoi, scale_text,
+                       reason="baseline not trained", **common)  # fmt: skip
+    return Outcome(v.outcome, f"{what}: {v.reason}", v.effect, v.sesoi, scale_text,
+                   reason=v.category, **common)  # fmt: skip

@@ -14,6 +14,9 @@ CLAIMS: list[Claim] = [
         C5,
         "1. Covector matrices and their unimodular support",
         "matroidal",
+        form="exact",
+        margin=0.0,
+        declared="every square minor of the incidence matrices is -1, 0 or 1 (exact integer check); contrast matrices must fail",
     ),
     claim_entry(
         "matroidal/psd",
@@ -24,6 +27,9 @@ CLAIMS: list[Claim] = [
         C5,
         "2. The paper's side: nonnegative weights and the rank-one decomposition",
         "matroidal",
+        form="exact",
+        margin=1e-12,
+        declared="rank-one sum against x^T M x (relative 1e-12) and lambda_min(M) >= -1e-12",
     ),
     claim_entry(
         "matroidal/fast-path",
@@ -33,6 +39,9 @@ CLAIMS: list[Claim] = [
         C5,
         "3. The fast path is the pseudocode",
         "matroidal",
+        form="exact",
+        margin=1e-12,
+        declared="fast path against the pseudocode, outputs and gradients, float64 (1e-12)",
     ),
     claim_entry(
         "matroidal/loss",
@@ -44,6 +53,9 @@ CLAIMS: list[Claim] = [
         "7. Verdicts at this scale",
         "matroidal",
         SWEEP_MAT,
+        form="non-inferiority",
+        margin=0.02,
+        declared="task-metric gain over the dense metric (higher is better): supported when no worse than 0.02 in every cell",
     ),
     claim_entry(
         "matroidal/low-data",
@@ -54,6 +66,9 @@ CLAIMS: list[Claim] = [
         "7. Verdicts at this scale",
         "matroidal",
         SWEEP_MAT,
+        form="superiority",
+        margin=0.02,
+        declared="an interaction against the dense metric: the gain over dense at the lowest data fraction minus at the highest; supported when larger by 0.02 or more (not the same test as matroidal/zoo-low-data, a main effect against dot)",
     ),
     claim_entry(
         "matroidal/smoother",
@@ -65,6 +80,9 @@ CLAIMS: list[Claim] = [
         "7. Verdicts at this scale",
         "matroidal",
         SWEEP_MAT,
+        form="superiority",
+        margin=0.1,
+        declared="gradient-norm CV, dense minus matroidal: supported when lower with the matroidal metric by 0.1 or more",
     ),
     claim_entry(
         "matroidal/stability",
@@ -75,6 +93,9 @@ CLAIMS: list[Claim] = [
         "7. Verdicts at this scale",
         "matroidal",
         SWEEP_MAT,
+        form="non-inferiority",
+        margin=1.0,
+        declared="non-finite logits and outputs, matroidal against dense (fewer is better): at most one more; not tested when neither arm has any",
     ),
     claim_entry(
         "matroidal/m",
@@ -85,6 +106,9 @@ CLAIMS: list[Claim] = [
         "7. Verdicts at this scale",
         "matroidal",
         SWEEP_MAT,
+        form="superiority",
+        margin=0.02,
+        declared="task metric, m = 4d minus m = d: supported when m = 4d is better by 0.02 or more",
     ),
     claim_entry(
         "matroidal/pruning",
@@ -95,6 +119,9 @@ CLAIMS: list[Claim] = [
         "7. Verdicts at this scale",
         "matroidal",
         SWEEP_MAT,
+        form="non-inferiority",
+        margin=0.02,
+        declared="task metric after pruning minus before (better side per metric): supported when no worse than 0.02; a better pruned model never contradicts it",
     ),
     claim_entry(
         "matroidal/zoo-stability",
@@ -106,6 +133,9 @@ CLAIMS: list[Claim] = [
         ZOO_SECTION,
         "zoo",
         SWEEP_ZOO,
+        form="equivalence",
+        margin=0.3,
+        declared="log10 gradient-norm variance, matroidal minus dot on MQAR: supported within +-0.3, contradicted when wholly beyond",
     ),
     claim_entry(
         "matroidal/zoo-low-data",
@@ -117,5 +147,8 @@ CLAIMS: list[Claim] = [
         ZOO_SECTION,
         "zoo",
         SWEEP_ZOO,
+        form="superiority",
+        margin=0.02,
+        declared="a main effect against dot-product attention on MQAR: mean accuracy over the learning curve, matroidal minus dot, supported when higher by 0.02 or more (not the same test as matroidal/low-data, an interaction against the dense metric)",
     ),
 ]

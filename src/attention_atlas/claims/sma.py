@@ -14,6 +14,9 @@ CLAIMS: list[Claim] = [
         C7,
         "1. Masked attention and the low-rank mask identity",
         "sma",
+        form="exact",
+        margin=1e-12,
+        declared="float64 identity (relative 1e-12) and counted FLOPs exactly",
     ),
     claim_entry(
         "sma/ssm-semiseparable",
@@ -24,6 +27,9 @@ CLAIMS: list[Claim] = [
         C7,
         "2. The state-space model as structured matrices",
         "sma",
+        form="exact",
+        margin=1e-12,
+        declared="float64 identity and counted work per doubling of T",
     ),
     claim_entry(
         "sma/ssm-is-sma",
@@ -34,6 +40,9 @@ CLAIMS: list[Claim] = [
         C7,
         "3. Scalar dynamics: the SSM is structured masked attention",
         "sma",
+        form="exact",
+        margin=1e-12,
+        declared="float64 identity (relative 1e-12)",
     ),
     claim_entry(
         "sma/sum-of-sma",
@@ -43,6 +52,9 @@ CLAIMS: list[Claim] = [
         C7,
         "3. Scalar dynamics: the SSM is structured masked attention",
         "sma",
+        form="exact",
+        margin=1e-12,
+        declared="float64 identity (relative 1e-12)",
     ),
     claim_entry(
         "sma/generators",
@@ -53,6 +65,9 @@ CLAIMS: list[Claim] = [
         C7,
         "4. The fast product, and where the generator representation breaks",
         "sma",
+        form="exact",
+        margin=1e-12,
+        declared="float64 identity and counted work per doubling of T",
     ),
     claim_entry(
         "sma/ssd-linear",
@@ -62,5 +77,8 @@ CLAIMS: list[Claim] = [
         C7,
         "5. SSD three ways: recurrence, masked attention, chunks",
         "sma",
+        form="exact",
+        margin=1e-12,
+        declared="chunked = quadratic = recurrent in float64 and counted FLOPs per doubling of L",
     ),
 ]

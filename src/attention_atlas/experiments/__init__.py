@@ -50,6 +50,7 @@ EXPERIMENTS: dict[str, str] = {
     "cofactor": "attention_atlas.experiments.cofactor.run",
     "fiber-bundle": "attention_atlas.experiments.fiber_bundle.run",
     "matroidal": "attention_atlas.experiments.matroidal.run",
+    "claims": "attention_atlas.experiments.register",
     "rank-collapse": "attention_atlas.experiments.rank_collapse.run",
     "ssd-scaling": "attention_atlas.experiments.sma.scaling",
     "ssm-lm": "attention_atlas.experiments.sma.lm",

@@ -315,26 +315,87 @@ def corollary_holds(check: pd.DataFrame) -> bool:
 
 # ---- the claims register ---------------------------------------------------------------------
 
+#: the width of Theorem 3.2's degenerate cases (:func:`degenerate_cases`) in the register, at book
+#: size (False) and smoke size (True)
+DEGENERATE_D = {False: 6, True: 4}
 #: the chapter's parameters (book) and its SMOKE values: :func:`outcomes` uses the same sizes
 BOOK: dict[str, Any] = {"dims": [2, 3, 4, 5, 6], "ranks": [1, 2, 3], "n_draws": 20, "rtol": 1e-9, "focus_d": 4, "seed": 0}  # fmt: skip
 SMOKE: dict[str, Any] = {"dims": [2, 3, 4], "ranks": [1, 2], "n_draws": 3, "focus_d": 3}
 
 
+def degenerate_cases(d: int, *, generator: torch.Generator, rtol: float) -> pd.DataFrame:
+    """Theorem 3.2's words cover every non-constant metric map ("whenever the U_t are not all
+    identical"): the score rank at width ``d`` for ``m = 1, 2, ...`` distinct metrics
+    (:func:`rank_by_distinct_metrics`, case ``"m distinct"``), and with one metric per token
+    and equal queries and keys (``q = k``, case ``"q = k"``, ``m`` = L).
+
+    Returns:
+        columns ``case, m, rank, bound`` (``d(d+1)/2``).
+    """
+    by_m = rank_by_distinct_metrics(d, generator=generator, rtol=rtol, max_metrics=8)
+    rows: list[dict[str, Any]] = [{"case": "m distinct", "m": m, "rank": rk}
+                                 for m, rk in zip(by_m["m"].tolist(), by_m["rank"].tolist())]  # fmt: skip
+    top = generic_rank("heterogeneous", d)
+    q, _, U = score_inputs(2 * top, d, 1, "heterogeneous", generator)
+    rows.append(
+        {"case": "q = k", "m": 2 * top, "rank": score_rank(geodesic_scores(q, q, U, 1.0), rtol)}
+    )
+    out = pd.DataFrame(rows)
+    out["bound"] = d * (d + 1) // 2
+    return out
+
+
 def chapter_outcomes(
-    draws: pd.DataFrame, gram_form: dict[str, float], check: pd.DataFrame, *, d_gram: int
-) -> dict[str, verdicts.Outcome]:
+    draws: pd.DataFrame, gram_form: dict[str, float], check: pd.DataFrame, *, d_gram: int,
+    degenerate: pd.DataFrame | None = None,
+) -> dict[str, verdicts.Outcome]:  # fmt: skip
     """The outcome of every chapter-1 claim from the chapter's runs: ``draws``
-    (:func:`rank_draws`), ``gram_form`` (:func:`homogeneous_gram_form` at width ``d_gram``) and
-    ``check`` (:func:`corollary_check`)."""
+    (:func:`rank_draws`), ``gram_form`` (:func:`homogeneous_gram_form` at width ``d_gram``),
+    ``check`` (:func:`corollary_check`) and ``degenerate`` (:func:`degenerate_cases`: the
+    theorem as worded covers them; a case below the bound contradicts it as worded, and the
+    outcome says "holds generically; fails for ...")."""
     ratio = draws["rank"] / draws["theorem_bound"]
+    generic = (
+        f"in all {len(draws)} generic draws (one metric per token; d in "
+        f"{sorted(map(int, draws['d'].unique()))}, r in {sorted(map(int, draws['r'].unique()))}) "
+        f"the score matrix has rank {ratio.min():.2f} to {ratio.max():.2f} times the bound "
+        f"d(d+1)/2 (generic rank (d+1)(d+2) in "
+        f"{int((draws['rank'] == draws['observed_generic']).sum())} of them)"
+    )
+    generic_ok = bool((draws["rank"] >= draws["theorem_bound"]).all())
+    below = pd.DataFrame() if degenerate is None else degenerate[
+        (degenerate["m"] >= 2) & (degenerate["rank"] < degenerate["bound"])]  # fmt: skip
+    if not generic_ok:
+        failed = (f"{int((draws['rank'] < draws['theorem_bound']).sum())} of {len(draws)} generic "
+                  "draws have rank below d(d+1)/2")  # fmt: skip
+    elif len(below):
+        worst: dict[Any, Any] = below.iloc[0].to_dict()
+        d_deg = int(round((math.sqrt(8 * worst["bound"] + 1) - 1) / 2))
+        distinct = below[below["case"] == "m distinct"]
+        cases = ", ".join(f"{m} distinct: rank {rk}"
+                          for m, rk in zip(distinct["m"].tolist(), distinct["rank"].tolist()))  # fmt: skip
+        failed = (
+            f"holds generically ({generic}); fails for metric maps the theorem's words cover "
+            f'("whenever the U_t are not all identical"): at d = {d_deg} the score rank stays '
+            f"below d(d+1)/2 = {int(worst['bound'])} with few distinct metrics ({cases}), so a "
+            f"factorisation of dimension {int(worst['rank'])} = O(d) exists for m = "
+            f"{int(worst['m'])}"
+        )
+    else:
+        failed = ""
     thm = verdicts.outcome_from_check(
-        bool((draws["rank"] >= draws["theorem_bound"]).all()),
-        f"in all {len(draws)} draws (d in {sorted(map(int, draws['d'].unique()))}, r in "
-        f"{sorted(map(int, draws['r'].unique()))}) the heterogeneous score matrix has rank "
-        f"{ratio.min():.2f} to {ratio.max():.2f} times the bound d(d+1)/2 (generic rank "
-        f"(d+1)(d+2) in {int((draws['rank'] == draws['observed_generic']).sum())} of them)",
-        f"{int((draws['rank'] < draws['theorem_bound']).sum())} of {len(draws)} draws have rank "
-        "below d(d+1)/2",
+        generic_ok and not len(below),
+        generic
+        + (
+            ""
+            if degenerate is None
+            else f"; and in every degenerate case tried ({len(degenerate)}: m distinct "
+            "metrics, q = k) the rank reaches the bound"
+        ),  # fmt: skip
+        failed,
+        witness=f"{len(draws)} generic draws and "
+        f"{0 if degenerate is None else len(degenerate)} degenerate cases, each compared with "
+        "d(d+1)/2 by a float64 rank at relative tolerance 1e-9",
     )
     homog = verdicts.outcome_from_check(
         gram_form["rel_error"] < 1e-12
@@ -347,14 +408,28 @@ def chapter_outcomes(
         f"{gram_form['rank_row_centred']:.0f}, Gram-form error {gram_form['rel_error']:.1e}",
     )
     het = check[(check["kind"] == "heterogeneous") & ~check["causal"]].iloc[0]
+    if len(below) and corollary_holds(check):
+        worst = below.iloc[0].to_dict()
+        cor_failed = (
+            "row-stochastic as stated, and generically not a softmax of an O(d) Gram form "
+            f"(d' = {het['softmax_dim']:.0f} = d^2 + 3d + 1 at d = {het['d']:.0f}); but with "
+            f"{int(worst['m'])} distinct metrics (metrics not all identical, as the words cover) "
+            f"the scores have rank {int(worst['rank'])}, so A = softmax(Q' K'^T) with factors of "
+            f"that O(d) dimension: holds generically, fails for few distinct metrics"
+        )
+    else:
+        cor_failed = (
+            "a row of softmax(S) is off 1 beyond rounding, or the softmax dimension differs from "
+            f"d + 1 / d^2 + 3d + 1: {check[['kind', 'causal', 'row_error', 'softmax_dim']].to_dict('records')}"
+        )
     cor = verdicts.outcome_from_check(
-        corollary_holds(check),
+        corollary_holds(check) and not len(below),
         f"rows of softmax(S) sum to 1 within {check['row_error'].max():.1e} (allowance "
         f"{check['rounding'].iloc[0]:.1e}), causal ones are zero above the diagonal, and with "
         f"heterogeneous metrics A = softmax(Q' K'^T) needs d' = {het['softmax_dim']:.0f} = "
         f"d^2 + 3d + 1 at d = {het['d']:.0f} (one shared metric: d + 1)",
-        "a row of softmax(S) is off 1 beyond rounding, or the softmax dimension differs from "
-        f"d + 1 / d^2 + 3d + 1: {check[['kind', 'causal', 'row_error', 'softmax_dim']].to_dict('records')}",
+        cor_failed,
+        witness="row sums against 1 at L eps, and the softmax dimension by a float64 rank",
     )
     return {
         "riemannian/thm-3.2": thm,
@@ -374,4 +449,5 @@ def outcomes(smoke: bool = False) -> dict[str, verdicts.Outcome]:
     draws = rank_draws(p["dims"], p["ranks"], p["n_draws"], generator=gen(), rtol=p["rtol"])
     gram_form = homogeneous_gram_form(GRAM_D, 40, 1.7, generator=gen(), rtol=p["rtol"])
     check = corollary_check(generator=gen(), rtol=p["rtol"])
-    return chapter_outcomes(draws, gram_form, check, d_gram=GRAM_D)
+    degenerate = degenerate_cases(DEGENERATE_D[smoke], generator=gen(), rtol=p["rtol"])
+    return chapter_outcomes(draws, gram_form, check, d_gram=GRAM_D, degenerate=degenerate)

@@ -15,7 +15,6 @@ accuracy, a rise of bits per character, by at least the SESOI), read the other w
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,14 @@ import numpy as np
 import pandas as pd
 
 from attention_atlas.cofactor.diagnostics import GAP_TOL
-from attention_atlas.stats import Interval, Verdict, mean_interval, paired_difference, verdict
+from attention_atlas.stats import (
+    Interval,
+    Verdict,
+    mean_interval,
+    non_inferiority,
+    paired_difference,
+    verdict,
+)
 from attention_atlas.verdicts import Outcome, TrainingScale, outcome_from_verdict
 
 __all__ = [
@@ -152,11 +158,9 @@ class Criterion:
 
 
 def _non_inferiority(effect: Interval, sesoi: float, harm: int, reason: str | None) -> Verdict:
-    """ "Equal or better": the verdict on a harm of ``sesoi`` or more (``harm`` is the sign of
-    a harmful effect), read the other way round."""
-    v = verdict(effect, sesoi=sesoi, direction=harm, not_tested=reason)
-    flip = {"contradicted": "supported", "supported": "contradicted"}
-    return dataclasses.replace(v, outcome=flip.get(v.outcome, v.outcome))
+    """ "Equal or better" (``harm`` is the sign of a harmful effect): the one rule's
+    non-inferiority form, the better side being ``-harm``."""
+    return non_inferiority(effect, margin=sesoi, better=-harm, not_tested=reason)
 
 
 def _not_tested(runs: pd.DataFrame, task: str, metric: str, direction: str) -> str | None:
@@ -222,7 +226,9 @@ def claim_outcome(crit: Sequence[Criterion], claim: str, evidence: str = "comput
     return Outcome(
         outcome, "; ".join(c.outcome.summary for c in rows), lead.effect, lead.verdict.sesoi,
         " | ".join(f"{c.task}: {c.outcome.scale}" for c in rows), evidence,
-        {"per_task": {c.task: c.outcome.outcome for c in rows}},
+        {"per_task": {c.task: c.outcome.outcome for c in rows}}, form=lead.outcome.form,
+        reason=lead.outcome.reason if outcome == "not tested" else None,
+        witness="; ".join(f"{c.task}: {c.outcome.witness}" for c in tested) or None,
     )  # fmt: skip
 
 

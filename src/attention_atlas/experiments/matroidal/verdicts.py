@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from attention_atlas.stats import Interval, Verdict, paired_difference, verdict
+from attention_atlas.stats import Interval, Verdict, non_inferiority, paired_difference, verdict
 from attention_atlas.verdicts import Outcome, TrainingScale, outcome_from_verdict
 
 from .checks import math_outcomes
@@ -58,12 +58,12 @@ def gain(arm: pd.DataFrame, control: pd.DataFrame, metric: str) -> Interval:
     )
 
 
-def non_inferior(effect: Interval, sesoi: float) -> Verdict:
-    """ "Equal or better" (a gain no worse than ``-sesoi``) by the library's rule: *supported*
-    when the gain excludes zero upwards (``direction=+1``) or lies inside ``+-sesoi``
-    (``direction=0``), *contradicted* when it is worse by at least ``sesoi``, else *not resolved*."""
-    better = verdict(effect, sesoi=sesoi, direction=+1)
-    return better if better.outcome == "supported" else verdict(effect, sesoi=sesoi, direction=0)
+def non_inferior(effect: Interval, sesoi: float, *, not_tested: str | None = None) -> Verdict:
+    """ "Equal or better" by the one rule's non-inferiority form
+    (:func:`attention_atlas.stats.non_inferiority`) on a *gain* (positive: the arm is better):
+    *supported* when the whole interval lies above ``-sesoi``, *contradicted* when it lies
+    below, else *not resolved*; a gain never contradicts it."""
+    return non_inferiority(effect, margin=sesoi, better=+1, not_tested=not_tested)
 
 
 def scale_of(runs: pd.DataFrame, dataset: str, fraction: float) -> TrainingScale:
@@ -189,7 +189,9 @@ def _combine(parts: list[tuple[str, Outcome]], what: str, evidence: str) -> Outc
     cells = "; ".join(f"{c}: {p.outcome}" for c, p in parts)
     summary = f"{what} ({cells}). Deciding cell {cell}: {o.summary}"
     return Outcome(outcome, summary, o.effect, o.sesoi, o.scale, evidence=evidence,
-                   extra={"cells": {c: p.outcome for c, p in parts}})  # fmt: skip
+                   extra={"cells": {c: p.outcome for c, p in parts}}, form=o.form,
+                   reason=o.reason if outcome == "not tested" else None,
+                   witness=o.witness)  # fmt: skip
 
 
 def _per_cell(runs: pd.DataFrame, rule: Any) -> list[tuple[str, Outcome]]:
@@ -230,7 +232,10 @@ def _stability_rule(ds: str, g: pd.DataFrame) -> tuple[Verdict, str] | None:
     if pair is None:
         return None
     a, c = (x.assign(nonfinite=x.nonfinite_logits + x.nonfinite_out) for x in pair)
-    v = non_inferior(gain(a, c, "nonfinite"), SESOI["nonfinite"])
+    events = int(a.nonfinite.sum() + c.nonfinite.sum())
+    none = None if events else (f"no events: no non-finite value in either arm's {len(a) + len(c)}"
+                                " runs, so a difference could not have shown")  # fmt: skip
+    v = non_inferior(gain(a, c, "nonfinite"), SESOI["nonfinite"], not_tested=none)
     return v, "non-finite logits and outputs, dense minus matroidal"
 
 
@@ -283,20 +288,15 @@ def _low_data(runs: pd.DataFrame, evidence: str) -> Outcome:
 
 
 def _m_outcome(runs: pd.DataFrame, evidence: str) -> Outcome:
-    """``m = 4d`` against ``m = d`` (the m slice): the claim that m matters is *supported* when
-    the difference is at least the SESOI either way, *contradicted* when it is equivalent within
-    it, else *not resolved*."""
+    """``m = 4d`` against ``m = d`` (the m slice), a superiority claim: *supported* when the
+    larger m is better by at least the SESOI, *contradicted* when the interval rules that out."""
     ms = runs[runs.slice == "m"]
     if ms.empty or ms.m.nunique() < 2:
         return Outcome("not tested", "the grid has fewer than two values of m", evidence=evidence)
     ds, frac = str(ms.dataset.iloc[0]), float(ms.fraction.iloc[0])
     metric = TASK_METRIC[ds]
     eff = gain(ms[ms.m == ms.m.max()], ms[ms.m == ms.m.min()], metric)
-    same = verdict(eff, sesoi=SESOI[metric], direction=0)
-    flip = {"supported": "contradicted", "contradicted": "supported"}
-    v = Verdict(
-        flip.get(same.outcome, same.outcome), eff, same.sesoi, 0, same.reason, same.detectable
-    )
+    v = verdict(eff, sesoi=SESOI[metric], direction=+1)  # more columns: better by the SESOI
     what = f"{metric}, m = {ms.m.max()} minus m = {ms.m.min()} on {ds} at fraction {frac:g}"
     part = (f"{ds} {frac:g}", outcome_from_verdict(v, what, scale=scale_of(runs, ds, frac)))
     return _combine([part], "The number of columns m changes the task metric", evidence)

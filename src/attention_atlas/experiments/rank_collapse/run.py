@@ -276,7 +276,8 @@ def stack_verdicts(stacks: pd.DataFrame) -> pd.DataFrame:
             rows.append({
                 "label": label, "entry": first["entry"], "rank": first["rank"],
                 "spread": first["spread"], "regime": reg, "control": control.split(" ")[0],
-                "effect": effect, "outcome": v.outcome, "reason": v.reason,
+                "effect": effect, "outcome": v.outcome, "reason": v.reason, "form": v.form,
+                "category": v.category,
             })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -286,7 +287,15 @@ def _combined(rows: pd.DataFrame, what: str, *, every: bool) -> verdicts.Outcome
     each), supported only if all are, contradicted if any is; otherwise (a claim that some
     setting must show) supported if any is, contradicted only if all are."""
     if rows.empty:
-        return verdicts.Outcome("not tested", f"{what}: no setting of this run is in its regime")
+        return verdicts.Outcome("not tested", f"{what}: no setting of this run is in its regime",
+                                reason="not run")  # fmt: skip
+    if (rows["outcome"] == "not tested").all():  # e.g. every arm at effective rank 1: saturated
+        first = rows.iloc[0]
+        return verdicts.Outcome(
+            "not tested", f"{what}: none of the {len(rows)} settings could decide it; at "
+            f"{first['label']}: {first['reason']}", first["effect"], SESOI["effective_rank"],
+            form=first["form"], reason=first["category"],
+        )  # fmt: skip
     counts = rows["outcome"].value_counts()
     n = len(rows)
     if every:
@@ -301,7 +310,11 @@ def _combined(rows: pd.DataFrame, what: str, *, every: bool) -> verdicts.Outcome
         f"{what}: {n} setting(s), {tally}; largest effect at {best['label']}: "
         f"{best['effect'].format(3, signed=True, spec='.3g')}"
     )
-    return verdicts.Outcome(out, text, best["effect"], SESOI["effective_rank"])
+    widths = [e.high - e.low for e in rows["effect"]]
+    witness = (f"the runs differ on the measure in {sum(w > 0 for w in widths)} of {n} settings "
+               f"(widest interval {max(widths):.3g})")  # fmt: skip
+    return verdicts.Outcome(out, text, best["effect"], SESOI["effective_rank"],
+                            form=best["form"], witness=witness)  # fmt: skip
 
 
 def chapter_outcomes(

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from attention_atlas import viz
-from attention_atlas.stats import Interval, mean_interval, paired_difference, verdict
+from attention_atlas.stats import Interval, decide, mean_interval, paired_difference
 
 from .anchors import (
     ANCHOR_ACC,
@@ -55,13 +55,15 @@ __all__ = [
 ]
 
 
-#: claims register key -> (arm, metric, direction, rule); ``direction`` is what the seed
-#: predicts for ``arm - dot`` (+1 higher, -1 lower, 0 no difference beyond the SESOI)
-CLAIMS: dict[str, tuple[str, str, int]] = {
-    "matroidal/zoo-stability": ("matroidal", "log10_grad_var", 0),
-    "matroidal/zoo-low-data": ("matroidal", "learning_auc", 1),
-    "cofactor/zoo-spikes": ("cofactor", "grad_spikes", -1),
-    "cofactor/zoo-accuracy": ("cofactor", "test_acc", 0),
+#: claims register key -> (arm, metric, form, direction): the form the register declares
+#: (:data:`attention_atlas.stats.FORMS`); ``direction`` is, for a superiority claim, what the
+#: seed predicts for ``arm - dot`` (+1 higher, -1 lower), for a non-inferiority claim the better
+#: side of the metric (+1: higher is better)
+CLAIMS: dict[str, tuple[str, str, str, int]] = {
+    "matroidal/zoo-stability": ("matroidal", "log10_grad_var", "equivalence", 0),
+    "matroidal/zoo-low-data": ("matroidal", "learning_auc", "superiority", 1),
+    "cofactor/zoo-spikes": ("cofactor", "grad_spikes", "superiority", -1),
+    "cofactor/zoo-accuracy": ("cofactor", "test_acc", "non-inferiority", 1),
 }
 
 #: how each metric is named in a sentence
@@ -240,7 +242,7 @@ def effects(df: pd.DataFrame) -> dict[str, Interval]:
     paired by seed."""
     return {
         key: paired_difference(_per_seed(df, arm, m), _per_seed(df, CONTROL, m))
-        for key, (arm, m, _) in CLAIMS.items()
+        for key, (arm, m, _, _) in CLAIMS.items()
         if (df.variant == arm).any()
     }
 
@@ -265,10 +267,10 @@ def outcomes(smoke: bool = False, grid: Any = None) -> dict[str, Any]:
         what="dot-product baseline (MQAR test accuracy over the cross; 'tokens' are sequences)",
     )  # fmt: skip
     out = {}
-    for key, (arm, metric, direction) in CLAIMS.items():
+    for key, (arm, metric, form, direction) in CLAIMS.items():
         effect = eff.get(key)
-        v = verdict(effect, sesoi=SESOI[metric], direction=direction,
-                    not_tested=None if effect is not None else f"no {arm} runs in this grid")  # fmt: skip
+        v = decide(form, effect, margin=SESOI[metric], direction=direction,
+                   not_tested=None if effect is not None else f"no {arm} runs in this grid")  # fmt: skip
         what = f"{WHAT[metric]}, {arm} minus dot, paired by seed (mean over the cross's cells)"
         out[key] = outcome_from_verdict(v, what, scale=scale, evidence=grid.provenance.text)
     return out
