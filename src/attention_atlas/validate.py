@@ -26,6 +26,8 @@ from typing import Annotated, Any, TypeVar
 from annotated_types import Ge, Gt, Le, Lt
 
 __all__ = [
+    "check_count",
+    "check_number",
     "check_output_path",
     "check_device",
     "ConfigError",
@@ -39,6 +41,7 @@ __all__ = [
     "check_fields",
     "close_matches",
     "from_mapping",
+    "is_number",
     "one_line",
 ]
 
@@ -50,6 +53,27 @@ Probability = Annotated[float, Ge(0), Le(1)]  # in [0, 1]
 Fraction = Annotated[float, Ge(0), Lt(1)]  # in [0, 1): dropout, Adam's betas
 
 T = TypeVar("T")
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (a bool is not a number here)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def check_count(name: str, value: Any, least: int = 1) -> None:
+    """``value`` an integer >= ``least``, else :class:`ConfigError` ("name: expected an integer
+    >= least, got value")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name}: expected an integer >= {least}, got {value!r}")
+
+
+def check_number(name: str, value: Any, *, zero: bool = False, high: float | None = None) -> None:
+    """``value`` a finite number > 0 (>= 0 with ``zero``; in ``[0, high]`` with ``high``), else
+    :class:`ConfigError` ("name: expected a finite number > 0, got value")."""
+    ok = is_number(value) and (value >= 0 if zero or high is not None else value > 0)
+    if not ok or (high is not None and value > high):
+        span = f"{'>= 0' if zero else '> 0'}" if high is None else f"in [0, {high:g}]"
+        raise ConfigError(f"{name}: expected a finite number {span}, got {value!r}")
 
 
 class InputError(Exception):

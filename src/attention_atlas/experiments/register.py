@@ -34,6 +34,7 @@ __all__ = [
     "run_cell",
 ]
 
+#: the experiment's name on the command line and in the results store
 NAME = "claims"
 #: the experiment modules (under ``attention_atlas.experiments``) whose ``outcomes`` the register
 #: reads, in the register's order

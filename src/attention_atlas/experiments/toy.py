@@ -13,7 +13,6 @@ numbers, bit for bit), so tests can compare backends exactly and CI can re-run a
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -22,14 +21,14 @@ from torch import Tensor, nn
 
 from attention_atlas.attention.registry import build_attention
 from attention_atlas.train import take_step
-from attention_atlas.validate import ConfigError
+from attention_atlas.validate import ConfigError, check_count, check_number
 
 __all__ = ["PRESETS", "PreviousTokenModel", "chapter_grid", "check_cell", "run_cell"]
 
-#: parameter sets of ``python -m attention_atlas sweep toy --preset NAME``
 #: the experiment's name on the command line and in the results store
 NAME = "toy"
 
+#: parameter sets of ``python -m attention_atlas sweep toy --preset NAME``
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"steps": 5, "dims": [8]},
     "book": {},
@@ -67,7 +66,7 @@ def chapter_grid(
     counts = {"steps": steps, "vocab": vocab, "seq_len": seq_len, "batch_size": batch_size,
               "n_heads": n_heads, **{f"dims[{i}]": d for i, d in enumerate(dims)}}  # fmt: skip
     _check_counts(counts)
-    _check_lr(lr)
+    check_number("lr", lr)
     for d in dims:
         if d % n_heads:
             raise ConfigError(f"dims: {d} is not divisible by n_heads={n_heads}")
@@ -88,18 +87,7 @@ def chapter_grid(
 def _check_counts(counts: dict[str, Any], least: dict[str, int] | None = None) -> None:
     """Each value an integer >= 1 (>= ``least[name]`` where given), else ConfigError naming it."""
     for name, value in counts.items():
-        low = (least or {}).get(name, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
-
-
-def _check_lr(lr: Any) -> None:
-    if (
-        isinstance(lr, bool)
-        or not isinstance(lr, int | float)
-        or not (math.isfinite(lr) and lr > 0)
-    ):
-        raise ConfigError(f"lr: expected a finite number > 0, got {lr!r}")
+        check_count(name, value, (least or {}).get(name, 1))
 
 
 def check_cell(params: dict[str, Any]) -> None:
@@ -110,7 +98,7 @@ def check_cell(params: dict[str, Any]) -> None:
     training or model configuration.) Raises ConfigError (one line)."""
     _check_counts({k: params[k] for k in ("steps", "vocab", "seq_len", "batch_size", "n_heads",
                                           "dim")}, least={"seq_len": 2})  # fmt: skip
-    _check_lr(params["lr"])
+    check_number("lr", params["lr"])
     if params["dim"] % params["n_heads"]:
         raise ConfigError(f"dims: {params['dim']} is not divisible by n_heads={params['n_heads']}")
 

@@ -49,7 +49,7 @@ from attention_atlas.models import ModelConfig, Transformer
 from attention_atlas.store.results import Grid
 from attention_atlas.train import TrainConfig, measure_flops, train
 from attention_atlas.train.config import check_model, check_run
-from attention_atlas.validate import ConfigError, one_line
+from attention_atlas.validate import ConfigError, is_number, one_line
 from attention_atlas.verdicts import Outcome
 
 from .analysis import ARMS, TASKS, claim_outcome, criteria
@@ -71,6 +71,9 @@ __all__ = [
     "training_flops",
 ]
 
+#: the experiment's name on the command line and in the results store
+NAME = "cofactor"
+
 #: parameter sets of ``python -m attention_atlas sweep cofactor --preset NAME``: ``book`` is
 #: :func:`chapter_grid`'s defaults (the chapter's parameters; its results are stored in
 #: ``results/cofactor/book``); ``long`` is the grid sized for the real answer, run with
@@ -81,9 +84,6 @@ __all__ = [
 #: LM margin and validation loss still fall at step 1,000 (2.53 bpc), so three times that.
 #: Estimated cost, from the CPU time of short runs at that shape (one thread, this 2-core
 #: machine): 2.6 CPU-hours for the 20 runs
-#: the experiment's name on the command line and in the results store
-NAME = "cofactor"
-
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"train_steps": 4, "lm_seq_len": 16, "lm_batch": 4, "lm_dim": 16, "digits_batch": 16,
               "digits_dim": 16, "n_layers": 2, "n_heads": 2, "eval_batches": 1,
@@ -310,10 +310,6 @@ def cell_configs(params: dict[str, Any], seed: int) -> tuple[ModelConfig, TrainC
 LM_LEVELS = ("char", "word")
 
 
-def _finite(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
 def check_cell(params: dict[str, Any]) -> None:
     """Check one configuration's parameters before any work: its task, arm and level; the model
     and training run it trains with (:func:`cell_configs`, through
@@ -340,15 +336,15 @@ def check_cell(params: dict[str, Any]) -> None:
     if (reg is None) != (params["arm"] == "baseline"):
         raise ConfigError(f"regularizer: the {params['arm']} arm does not take {reg!r}")
     if reg is not None:
-        if not (_finite(reg.get("weight")) and reg["weight"] > 0):
+        if not (is_number(reg.get("weight")) and reg["weight"] > 0):
             raise ConfigError(f"alpha: expected a finite number > 0, got {reg.get('weight')!r}")
-        if not (_finite(reg.get("beta", 0.0)) and reg.get("beta", 0.0) >= 0):
+        if not (is_number(reg.get("beta", 0.0)) and reg.get("beta", 0.0) >= 0):
             raise ConfigError(f"beta: expected a finite number >= 0, got {reg.get('beta')!r}")
         if reg.get("heads", heads) != heads:
             raise ConfigError(
                 f"regularizer heads: expected reg_heads={heads}, got {reg['heads']!r}"
             )
-    if not (_finite(params["spike_ratio"]) and params["spike_ratio"] > 0):
+    if not (is_number(params["spike_ratio"]) and params["spike_ratio"] > 0):
         raise ConfigError(
             f"spike_ratio: expected a finite number > 0, got {params['spike_ratio']!r}"
         )

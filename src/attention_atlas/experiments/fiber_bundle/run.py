@@ -42,7 +42,7 @@ from attention_atlas.threads import intra_op_threads
 from attention_atlas.train import TrainConfig, evaluate, seed_everything, train
 from attention_atlas.train.config import check_model, check_run
 from attention_atlas.train.evaluate import cross_entropy
-from attention_atlas.validate import ConfigError, one_line
+from attention_atlas.validate import ConfigError, check_count, check_number, one_line
 
 from .analysis import Runs, analyse, explore_window
 
@@ -236,19 +236,6 @@ def model_config(params: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**params["model"])
 
 
-def _count(name: str, value: Any, least: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{name}: expected an integer >= {least}, got {value!r}")
-
-
-def _number(name: str, value: Any, *, zero: bool = False, high: float | None = None) -> None:
-    """``value`` a finite number > 0 (>= 0 with ``zero``) and at most ``high``."""
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not zero) or (high is not None and value > high):
-        span = f"{'>= 0' if zero else '> 0'}" if high is None else f"in [0, {high:g}]"
-        raise ConfigError(f"{name}: expected a finite number {span}, got {value!r}")
-
-
 def check_cell(params: dict[str, Any]) -> None:
     """Check one configuration's parameters before any work: the model (:func:`model_config`)
     and the training run (:func:`train_config`) it trains with, through
@@ -272,9 +259,9 @@ def check_cell(params: dict[str, Any]) -> None:
             raise ConfigError(
                 f"reg kind: expected one of {', '.join(REG_KINDS)}, got {reg.get('kind')!r}"
             )
-        _number("kappa_factor", params["kappa_factor"])
-        _number("kappa_max", reg["kappa_max"])
-        _number("kappa_min", reg["kappa_min"])
+        check_number("kappa_factor", params["kappa_factor"])
+        check_number("kappa_max", reg["kappa_max"])
+        check_number("kappa_min", reg["kappa_min"])
         if reg["kappa_min"] > reg["kappa_max"]:
             raise ConfigError(
                 f"kappa_min: expected at most kappa_max={reg['kappa_max']:g}, "
@@ -288,17 +275,17 @@ def check_cell(params: dict[str, Any]) -> None:
                 raise ConfigError(
                     f"reg_weights: unknown weight {name!r}; known: {', '.join(REG_WEIGHTS)}"
                 )
-            _number(f"reg_weights {name}", w, zero=True)
+            check_number(f"reg_weights {name}", w, zero=True)
         for a in (mcfg.alpha, *params.get("eval_alphas", [])):
-            _number("alphas", a, zero=True, high=1.0)
+            check_number("alphas", a, zero=True, high=1.0)
     # the task-matched l2 weight is measured when the cell runs: a positive stand-in here
     try:
         tcfg = train_config(params, 0, l2_weight=1.0)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"train settings: {one_line(err)}") from None
     check_run(tcfg)
-    _count("analyse_seqs", params["analyse_seqs"])
-    _count("explore_len", params["explore_len"])
+    check_count("analyse_seqs", params["analyse_seqs"])
+    check_count("explore_len", params["explore_len"])
     longest = max(mcfg.max_len, tcfg.seq_len)  # the harness's model length
     if params["explore_len"] > longest:
         raise ConfigError(

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attention_atlas.validate import ConfigError, from_mapping, one_line
+from attention_atlas.validate import ConfigError, from_mapping, is_number, one_line
 
 if TYPE_CHECKING:
     from attention_atlas.models import ModelConfig
@@ -68,12 +68,12 @@ __all__ = [
     "self_attention",
 ]
 
-#: parameter sets of ``python -m attention_atlas sweep matroidal --preset NAME``: "book" is the
-#: defaults of :func:`chapter_grid` (chapter 5's parameters), "smoke" its SMOKE grid, "long" the
-#: grid sized for the real answer (see chapter 5, "How long is long enough")
 #: the experiment's name on the command line and in the results store
 NAME = "matroidal"
 
+#: parameter sets of ``python -m attention_atlas sweep matroidal --preset NAME``: "book" is the
+#: defaults of :func:`chapter_grid` (chapter 5's parameters), "smoke" its SMOKE grid, "long" the
+#: grid sized for the real answer (see chapter 5, "How long is long enough")
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"datasets": ["digits"], "fractions": [1.0], "steps": 2, "final_eval_batches": 2,
               "m_multiples": [1, 2], "families": ["sparse_random"], "prune_fractions": [0.5],
@@ -287,10 +287,6 @@ def cell_configs(params: dict[str, Any], seed: int) -> tuple[ModelConfig, TrainC
     return mcfg, tcfg
 
 
-def _finite(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
 def check_cell(params: dict[str, Any]) -> None:
     """Check one configuration's parameters before any work: its data set and arm, the share
     of the training set (in (0, 1]), the pruning fractions (in [0, 1), matroidal models only),
@@ -307,13 +303,13 @@ def check_cell(params: dict[str, Any]) -> None:
         if params.get(key) not in known:
             raise ConfigError(f"{key}: expected one of {', '.join(known)}, got {params.get(key)!r}")
     frac = params["fraction"]
-    if not (_finite(frac) and 0 < frac <= 1):
+    if not (is_number(frac) and 0 < frac <= 1):
         raise ConfigError(f"fractions: expected numbers in (0, 1], got {frac!r}")
     prune = params["prune_fractions"]
     if not isinstance(prune, list):
         raise ConfigError(f"prune_fractions: expected a list, got {prune!r}")
     for f in prune:
-        if not (_finite(f) and 0 <= f < 1):
+        if not (is_number(f) and 0 <= f < 1):
             raise ConfigError(f"prune_fractions: expected numbers in [0, 1), got {f!r}")
     if prune and params["attention"] != "matroidal":
         raise ConfigError(

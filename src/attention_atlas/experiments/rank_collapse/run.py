@@ -26,7 +26,7 @@ import torch
 
 from attention_atlas import stats, verdicts
 from attention_atlas.linalg import effective_rank, relative_residual
-from attention_atlas.validate import ConfigError
+from attention_atlas.validate import ConfigError, check_count
 
 from . import perturbation as pt
 from .stacks import STACK_SCORES, collapse_layer, log_residual_growth, pure_attention_stack
@@ -131,10 +131,7 @@ def check_cell(params: dict[str, Any]) -> None:
             f"score: expected one of {', '.join(STACK_SCORES)}, got {params.get('score')!r}"
         )
     for key, least in (("length", 2), ("dim", 1), ("depth", 1), ("rank", 1)):
-        value = params[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            name = "ranks or token_rank" if key == "rank" else key
-            raise ConfigError(f"{name}: expected an integer >= {least}, got {value!r}")
+        check_count("ranks or token_rank" if key == "rank" else key, params[key], least)
     for key, high in (("entry", math.inf), ("spread", 1.0)):
         value = params[key]
         number = not isinstance(value, bool) and isinstance(value, int | float)

@@ -44,7 +44,7 @@ from attention_atlas.models import ModelConfig, attention_modules
 from attention_atlas.stats import Interval, mean_interval, paired_difference, verdict
 from attention_atlas.train import TrainConfig, evaluate, seed_everything, train
 from attention_atlas.train.config import check_model, check_run
-from attention_atlas.validate import ConfigError, one_line
+from attention_atlas.validate import ConfigError, check_count, check_number, one_line
 from attention_atlas.verdicts import Outcome, TrainingScale, outcome_from_verdict
 
 from .checks import count_elements
@@ -156,22 +156,12 @@ def check_cell(params: dict[str, Any]) -> None:
     if params.get("variant") not in VARIANTS:
         raise ConfigError(f"variants: expected dot and/or ssm, got {params.get('variant')!r}")
     for key in ("steps", "batch", "seq_len", "dim", "layers", "heads", "eval_batches"):
-        value = params[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key}: expected an integer >= 1, got {value!r}")
-    lr = params["lr"]
-    if (
-        isinstance(lr, bool)
-        or not isinstance(lr, int | float)
-        or not (math.isfinite(lr) and lr > 0)
-    ):
-        raise ConfigError(f"lr: expected a finite number > 0, got {lr!r}")
+        check_count(key, params[key])
+    check_number("lr", params["lr"])
     options = params["options"]
     if not isinstance(options, dict):
         raise ConfigError(f"options: expected a mapping, got {options!r}")
-    chunk = options.get("chunk_size", 1)
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ConfigError(f"chunk_size: expected an integer >= 1, got {chunk!r}")
+    check_count("chunk_size", options.get("chunk_size", 1))
     try:
         mcfg, tcfg = _configs(params, 0)
     except (TypeError, ValueError) as err:

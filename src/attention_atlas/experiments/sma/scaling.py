@@ -37,7 +37,7 @@ from torch import Tensor
 from attention_atlas.attention.dot import sdpa
 from attention_atlas.attention.sma import ssd
 from attention_atlas.bench.timing import compare, count_flops, peak_memory
-from attention_atlas.validate import ConfigError
+from attention_atlas.validate import ConfigError, check_count
 from attention_atlas.viz import loglog_slope
 
 from .accuracy import Inputs, accuracy_check, make_inputs, say
@@ -435,11 +435,6 @@ _GRID_NAME = {
 }
 
 
-def _count(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}: expected an integer >= 1, got {value!r}")
-
-
 def check_cell(params: dict[str, Any]) -> None:
     """Check one configuration's parameters before any work: ``part`` one of :data:`PARTS`;
     ``heads``, ``head_dim``, ``state``, ``chunk_size`` integers >= 1; the part's sequence
@@ -451,19 +446,19 @@ def check_cell(params: dict[str, Any]) -> None:
         raise ConfigError(f"parts: expected names from {', '.join(PARTS)}, got {part!r}")
     names = _GRID_NAME[part]
     for key in ("heads", "head_dim", "state", "chunk_size"):
-        _count(key, params[key])
+        check_count(key, params[key])
     if "lengths" in params:
         lengths = params["lengths"]
         if not isinstance(lengths, list) or not lengths:
             raise ConfigError(f"{names['lengths']}: expected a non-empty list, got {lengths!r}")
         for length in lengths:
-            _count(names["lengths"], length)
+            check_count(names["lengths"], length)
         if len(set(lengths)) != len(lengths):
             raise ConfigError(f"{names['lengths']}: expected distinct lengths, got {lengths}")
     if "length" in params:
-        _count(names.get("length", "length"), params["length"])
+        check_count(names.get("length", "length"), params["length"])
     if "reps" in params:
-        _count(names.get("reps", "reps"), params["reps"])
+        check_count(names.get("reps", "reps"), params["reps"])
     for key in ("max_seconds", "memory_gb"):
         if key in params:
             value = params[key]

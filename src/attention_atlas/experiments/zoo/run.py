@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attention_atlas.validate import ConfigError, one_line
+from attention_atlas.validate import ConfigError, check_count, check_number, one_line
 
 if TYPE_CHECKING:
     from attention_atlas.models import ModelConfig
@@ -111,11 +111,11 @@ SSM_RECALL_INIT: dict[str, Any] = {"dt_min": 0.1, "dt_max": 1.0, "a_init_range":
 #: ``mlp_ratio`` of a block without MLP: ``int(ratio * D) = 0`` hidden units for any D < 10,000
 NO_MLP = 1e-4
 
-#: parameter sets of ``python -m attention_atlas sweep zoo --preset NAME``; "book" is the
-#: defaults of :func:`chapter_grid` (chapter 9's parameters)
 #: the experiment's name on the command line and in the results store
 NAME = "zoo"
 
+#: parameter sets of ``python -m attention_atlas sweep zoo --preset NAME``; "book" is the
+#: defaults of :func:`chapter_grid` (chapter 9's parameters)
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
         "widths": [16], "pairs": [2, 4], "centre_width": 16, "centre_pairs": 2, "seq_len": 16,
@@ -312,19 +312,6 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     raise ValueError(f"unknown cell kind {kind!r}; expected mqar, ptb or time")
 
 
-def _count(name: str, value: Any, least: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{name}: expected an integer >= {least}, got {value!r}")
-
-
-def _number(name: str, value: Any, *, zero: bool = False) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if not (ok and (value >= 0 if zero else value > 0)):
-        raise ConfigError(
-            f"{name}: expected a finite number {'>=' if zero else '>'} 0, got {value!r}"
-        )
-
-
 def check_cell(params: dict[str, Any]) -> None:
     """Check one configuration's parameters before any work: its arms (the timing cell's with
     the control), MQAR tasks (:func:`~attention_atlas.data.mqar.check_mqar`, split sizes),
@@ -347,20 +334,20 @@ def check_cell(params: dict[str, Any]) -> None:
     if kind == "time" and CONTROL not in arms:
         raise ConfigError(f"variants: the timing cell needs the control {CONTROL!r}, got {arms}")
     if kind == "time":
-        _count("time_batch", params["batch_size"])
-        _count("time_reps", params["reps"])
+        check_count("time_batch", params["batch_size"])
+        check_count("time_reps", params["reps"])
     parts = [params, params["selection"]] if kind == "mqar" else [params]  # and the lr selection
     for task in (part["task"] for part in parts if "task" in part):
         check_mqar(task["seq_len"], task["n_pairs"], task["vocab_size"], task["query_dist"], 0.01)
         for key in ("n_train", "n_val", "n_test"):
-            _count(key, task[key])
+            check_count(key, task[key])
     lrs = params["selection"]["lrs"] if kind == "mqar" else []
     if kind == "mqar" and (not isinstance(lrs, list) or not lrs):
         raise ConfigError(f"lrs: expected a non-empty list, got {lrs!r}")
     for lr in lrs:
-        _number("lrs", lr)
+        check_number("lrs", lr)
     if kind == "ptb":
-        _number("ptb_budget_s", params["train"]["budget_s"])
+        check_number("ptb_budget_s", params["train"]["budget_s"])
     reg = params["cofactor"] if kind == "time" else params["regularizer"]
     configs: list[tuple[ModelConfig, TrainConfig | None]]
     try:
@@ -386,8 +373,8 @@ def check_cell(params: dict[str, Any]) -> None:
     if kind != "time" and (reg is not None) != (arms[0] == "cofactor"):
         raise ConfigError(f"regularizer: the {arms[0]} arm does not take {reg!r}")
     if reg is not None and "cofactor" in arms:
-        _number("cofactor_weight", reg.get("weight"))
-        _number("cofactor_beta", reg.get("beta", 0.0), zero=True)
+        check_number("cofactor_weight", reg.get("weight"))
+        check_number("cofactor_beta", reg.get("beta", 0.0), zero=True)
         heads, n_heads = reg.get("heads", 1), params["model"]["n_heads"]
         if isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= n_heads:
             raise ConfigError(f"cofactor heads: expected 1 to n_heads={n_heads}, got {heads!r}")
