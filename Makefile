@@ -29,8 +29,8 @@ $(VENDOR_STAMP): book/_ext/vendor_js.py | $(STAMP)
 	$(BIN)/python book/_ext/vendor_js.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests notebooks benchmarks book/_ext
-	$(BIN)/ruff format --check src tests notebooks benchmarks book/_ext
+	$(BIN)/ruff check src tests notebooks benchmarks book/_ext examples
+	$(BIN)/ruff format --check src tests notebooks benchmarks book/_ext examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

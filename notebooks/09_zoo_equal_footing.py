@@ -71,7 +71,7 @@ from attention_atlas import experiments, viz
 from attention_atlas.claims import claim
 from attention_atlas.data import IGNORE_INDEX, mqar_task
 from attention_atlas.data.mqar import chance_levels
-from attention_atlas.experiments import sweep_command
+from attention_atlas.experiments import atlas, sweep_command
 from attention_atlas.experiments.zoo import analysis as za
 from attention_atlas.experiments.zoo import run as zoo
 
@@ -292,6 +292,15 @@ for key, outcome in register.items():
 
 # %% [markdown]
 # ## 6. Summary
+#
+# Per arm, the summary below is the one the variant report prints
+# (`attention_atlas.experiments.atlas.recall_summary`): `python -m attention_atlas atlas report
+# SPEC` runs the same cells for any attention, one of your own included, and places it on this
+# leaderboard (README: "Your own attention").
+
+# %%
+for v in variants:
+    viz.markdown(atlas.recall_text(atlas.recall_summary(grid.frame, v)))
 
 # %%
 summary = za.summary(runs, grid.frame, anchor, register)

@@ -194,6 +194,27 @@ BAD = {
         (["serve", "--html", "{tmp}/empty", "--port", "{port}"], "--html: no built book at"),
         (["serve", "--token", "t"], "unrecognized arguments: --token"),
     ],
+    "atlas": [
+        (["atlas", "report", "nosuch"], "variant: expected a registered name"),
+        (["atlas", "report", "{tmp}/missing.py:X"], "no such file"),
+        (["atlas", "report", "{tmp}/99_tiny.py:Nope"], "has no attribute 'Nope'"),
+        (
+            ["atlas", "report", "os:sep"],
+            "expected a subclass of attention_atlas.attention.Attention",
+        ),
+        (["atlas", "report", "no_such_module:Cls"], "cannot import module 'no_such_module'"),
+        (
+            ["atlas", "report", "dot", "--preset", "nosuch"],
+            "--preset: expected one of smoke, book, long",
+        ),
+        (["atlas", "report", "dot", "-o", "nosuch=1"], "dot has no constructor option 'nosuch'"),
+        (["atlas", "report", "dot", "-o", "1x=3"], "-o '1x=3': expected key=value"),
+        (["atlas", "report", "dot", "-p", "depht=3"], "no parameter 'depht'; did you mean 'depth'"),
+        (["atlas", "report", "dot", "-p", "depth=0"], "depth: expected an integer >= 1, got 0"),
+        (["atlas", "report", "dot", "--seeds", "-1"], "--seeds: expected distinct integers >= 0"),
+        (["atlas", "report", "dot", "--out", "{tmp}/a_file"], "is a file"),
+        (["atlas", "nosuch"], "invalid choice: 'nosuch'"),
+    ],
     "(none)": [
         ([], "the following arguments are required: COMMAND"),
         (["nosuch"], "argument COMMAND: invalid choice: 'nosuch'"),
@@ -233,7 +254,8 @@ def scratch(tmp_path_factory) -> Path:
 
 def test_there_are_at_least_40_bad_inputs_and_every_command_has_some():
     assert len(CASES) >= 40
-    assert {"train", "bench", "sweep", "notebooks", "data", "results", "lab", "serve"} <= set(BAD)
+    assert {"train", "bench", "sweep", "notebooks", "data", "results", "lab", "serve",
+            "atlas"} <= set(BAD)  # fmt: skip
 
 
 @pytest.mark.parametrize(

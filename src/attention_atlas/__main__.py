@@ -17,6 +17,7 @@ Commands:
     claims [--json] [--seed S] [--smoke]                                the claims register
     lab [CHAPTER] [--smoke] [--port P]                      JupyterLab, widgets live
     serve [--port P] [--jupyter-port P] [--smoke]                       the book, live on a kernel
+    atlas report SPEC [--preset P] [-o key=value] [--out DIR]           your attention, reported
 
 Errors: bad input (an unknown name, a value out of range, a missing data file, a malformed
 config file) prints one line ``error: ...`` naming what was expected and what came, and exits
@@ -46,6 +47,7 @@ COMMANDS: dict[str, str] = {
     "claims": "attention_atlas.cli.claims",
     "lab": "attention_atlas.cli.lab",
     "serve": "attention_atlas.cli.serve",
+    "atlas": "attention_atlas.cli.atlas",
 }
 
 #: exit status of bad input (as argparse uses), and of any other failure

@@ -2,13 +2,21 @@
 
 from .base import Attention, AttentionResult
 from .mixed import MixedHeadAttention  # registers "mixed"
-from .registry import available_attention, build_attention, register_attention
+from .registry import (
+    attention_class,
+    available_attention,
+    build_attention,
+    register_attention,
+    variant_fingerprint,
+)
 
 __all__ = [
     "Attention",
     "AttentionResult",
     "MixedHeadAttention",
+    "attention_class",
     "available_attention",
     "build_attention",
     "register_attention",
+    "variant_fingerprint",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "available_attention",
     "build_attention",
     "register_attention",
+    "variant_fingerprint",
 ]
 
 #: attention variant name -> "module:class"
@@ -84,6 +85,31 @@ def register_attention(name: str) -> Callable[[A], A]:
 def available_attention() -> list[str]:
     """Names of every variant (built-in and registered), sorted."""
     return sorted({*VARIANTS, *_ADDED_VARIANTS})
+
+
+def variant_fingerprint(name: str) -> str:
+    """A hash of the source of an added variant's module (``""`` for a built-in one, whose code
+    the library's own hash covers): a run memoised for a variant of your own is reused only by
+    the code that made it."""
+    import hashlib
+
+    if name not in _ADDED_VARIANTS:
+        attention_class(name)  # an unknown name: the usual error
+        return ""
+    cls = _ADDED_VARIANTS[name]
+    try:
+        source = inspect.getsource(inspect.getmodule(cls) or cls)
+    except (OSError, TypeError):  # defined in a notebook cell or an interactive session
+        source = inspect.getsource(cls) if _has_source(cls) else repr(sorted(vars(cls)))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _has_source(cls: type) -> bool:
+    try:
+        inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    return True
 
 
 def attention_class(name: str) -> type[Attention]:

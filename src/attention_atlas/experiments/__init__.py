@@ -16,7 +16,7 @@ The sweep runner works on experiment modules and knows none by name; this table 
 are resolved, so :func:`stored_or_run`, :func:`run_experiment`, :func:`sweep_command` and
 :func:`verify` here take a name (or a module) and hand the module down.
 
-Each family of a chapter is a subpackage (``fiber_bundle``, ``matroidal``, ``cofactor``,
+Each family of a chapter is a subpackage (``atlas``, the report on a variant of your own; ``fiber_bundle``, ``matroidal``, ``cofactor``,
 ``zoo``, ``sma``, ``rank_collapse``, ``low_rank``, ``performance``) whose parts import only
 downward: the specification and one cell's run (``run``), then analysis and figures, then
 verdicts; its ``__init__`` is its front.
@@ -47,6 +47,7 @@ __all__ = [
 
 #: experiment name (as on the command line) -> module
 EXPERIMENTS: dict[str, str] = {
+    "atlas": "attention_atlas.experiments.atlas.run",
     "cofactor": "attention_atlas.experiments.cofactor.run",
     "fiber-bundle": "attention_atlas.experiments.fiber_bundle.run",
     "matroidal": "attention_atlas.experiments.matroidal.run",

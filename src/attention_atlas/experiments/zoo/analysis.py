@@ -201,7 +201,12 @@ def timing_table(frame: pd.DataFrame) -> pd.DataFrame:
     (one timing cell per seed; geometric means with 95% intervals over the seeds)."""
     t = frame[frame["config"].str.startswith("time/")]
     rows = {}
-    for v in VARIANTS:
+    others = [
+        c[len("ratio_") :]
+        for c in t.columns
+        if c.startswith("ratio_") and c[len("ratio_") :] not in VARIANTS
+    ]  # your own arms
+    for v in [*VARIANTS, *others]:
         if f"{v}_ms" in t and t[f"{v}_ms"].notna().any():
             rows[v] = {"ms per step": geometric_interval(t[f"{v}_ms"]).format(1),
                        "ratio to dot": geometric_interval(t[f"ratio_{v}"]).format(2)}  # fmt: skip

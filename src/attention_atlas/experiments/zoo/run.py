@@ -60,6 +60,8 @@ __all__ = [
     "VOLATILE_METRICS",
     "chapter_grid",
     "check_cell",
+    "is_arm",
+    "known_arms",
     "model_config",
     "mqar_configs",
     "ptb_configs",
@@ -142,6 +144,20 @@ def quiet_no_mlp() -> Iterator[None]:
         yield
 
 
+def known_arms() -> list[str]:
+    """The zoo's arms (:data:`VARIANTS`), then every other registered attention variant (one of
+    your own, registered by :func:`~attention_atlas.attention.register_attention` or loaded by
+    :func:`attention_atlas.experiments.atlas.load_variant`): any of them can be an arm."""
+    from attention_atlas.attention import available_attention
+
+    return [*VARIANTS, *(v for v in available_attention() if v not in VARIANTS)]
+
+
+def is_arm(variant: object) -> bool:
+    """``variant`` names an arm of :func:`known_arms`."""
+    return isinstance(variant, str) and variant in known_arms()
+
+
 def ssm_state_size(width: int, n_heads: int, n_layers: int = 1) -> int:
     """Floats of recurrent state of the SSM arm: ``n_heads`` heads of ``d x d`` (value by state
     dimension, ``d = width / n_heads``) per layer, times ``n_layers``."""
@@ -155,8 +171,8 @@ def model_config(variant: str, model: dict[str, Any]) -> Any:
     (``"cofactor"`` is dot: its regulariser is a training setting)."""
     from attention_atlas.models import FiberBundleConfig, ModelConfig
 
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown arm {variant!r}; known: {', '.join(VARIANTS)}")
+    if not is_arm(variant):
+        raise ValueError(f"unknown arm {variant!r}; known: {', '.join(known_arms())}")
     if variant == "fiber_bundle":
         return FiberBundleConfig(**model)
     attention = "dot" if variant == "cofactor" else variant
@@ -215,9 +231,9 @@ def chapter_grid(
     ``ablation/tied/...`` (tied embeddings) and ``ablation/noshift/...`` (no token shift); and
     ``ablation/ssm-init/<centre>`` is the SSM arm with Mamba-2's initialisation.
     """
-    bad = sorted(set(variants) - set(VARIANTS))
+    bad = sorted(v for v in set(variants) if not is_arm(v))
     if bad:
-        raise ValueError(f"unknown arm(s) {bad}; known: {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown arm(s) {bad}; known: {', '.join(known_arms())}")
     if CONTROL not in variants:  # the timing cell's ratios and every claim are to the control
         raise ValueError(f"variants must include the control {CONTROL!r}, got {list(variants)}")
     if centre_width not in widths or centre_pairs not in pairs:
@@ -329,8 +345,8 @@ def check_cell(params: dict[str, Any]) -> None:
     if kind not in ("mqar", "ptb", "time"):
         raise ConfigError(f"kind: expected mqar, ptb or time, got {kind!r}")
     arms = params["variants"] if kind == "time" else [params["variant"]]
-    if not isinstance(arms, list) or any(v not in VARIANTS for v in arms):
-        raise ConfigError(f"variants: expected names from {', '.join(VARIANTS)}, got {arms!r}")
+    if not isinstance(arms, list) or any(not is_arm(v) for v in arms):
+        raise ConfigError(f"variants: expected names from {', '.join(known_arms())}, got {arms!r}")
     if kind == "time" and CONTROL not in arms:
         raise ConfigError(f"variants: the timing cell needs the control {CONTROL!r}, got {arms}")
     if kind == "time":
@@ -428,7 +444,12 @@ def _mqar_run(
 ) -> dict[str, Any]:  # fmt: skip
     """One MQAR training run's metrics, memoised in this process and on disk (a run is
     deterministic on the CPU at one thread: the same arguments give the same numbers)."""
-    key = json.dumps([variant, model, task, train, regularizer, lr, seed], sort_keys=True)
+    from attention_atlas.attention import variant_fingerprint
+
+    arm = "dot" if variant == "cofactor" else variant
+    code = variant_fingerprint(arm)  # "" for the library's own variants
+    key = json.dumps([variant, model, task, train, regularizer, lr, seed, *([code] if code else [])],
+                     sort_keys=True)  # fmt: skip
     return dict(_memo(key))
 
 
@@ -454,7 +475,7 @@ def _memo(key: str) -> dict[str, Any]:
     digest = hashlib.sha256(f"{_code_hash()} {key}".encode()).hexdigest()[:24]
     folder = _cache_dir()
     if folder is None:
-        return _train_mqar(*json.loads(key))
+        return _train_mqar(*json.loads(key)[:7])
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{digest}.json"
     locks = CellLocks(folder, stale_after=120.0, heartbeat=20.0)
@@ -462,7 +483,7 @@ def _memo(key: str) -> dict[str, Any]:
         while not path.exists() and not locks.try_acquire(digest):
             time.sleep(1.0)  # another process trains this run: wait for its result
         if not path.exists():
-            atomic_write_text(json.dumps(_train_mqar(*json.loads(key))), path)
+            atomic_write_text(json.dumps(_train_mqar(*json.loads(key)[:7])), path)
     finally:
         locks.close()
     return dict(json.loads(path.read_text()))
