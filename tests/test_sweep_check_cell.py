@@ -50,6 +50,15 @@ CELL, GRID = "configuration", "grid"
 #: experiment -> (``-p`` value on the smoke preset, a fragment of the one-line message, who
 #: refuses it)
 BAD: dict[str, list[tuple[str, str, str]]] = {
+    "atlas": [
+        ("variant=nosuch", "variant: expected a registered name", GRID),
+        ("depth=0", "depth: expected an integer >= 1, got 0", CELL),
+        ("rank_lengths=[8,0]", "lengths: expected an integer >= 1, got 0", CELL),
+        ("cost_reps=0", "reps: expected an integer >= 1, got 0", CELL),
+        ('zoo="nosuch"', "zoo: expected one of smoke, book, long", GRID),
+        ('zoo_params={"steps": 0}', "train setting steps: expected a value >= 1, got 0", CELL),
+        ('options={"nosuch": 1}', "options: dot has no constructor option 'nosuch'", CELL),
+    ],
     "cofactor": [
         ("lr=-0.003", "train setting lr: expected a value > 0", CELL),
         ("train_steps=0", "train setting steps: expected a value >= 1, got 0", CELL),

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from attention_atlas.attention.registry import attention_options
 from attention_atlas.validate import ConfigError, check_count, one_line
 
 from .variant import VariantError, canonical_spec, load_variant
@@ -162,13 +163,19 @@ def check_cell(params: dict[str, Any]) -> None:
     kind = params.get("kind")
     arm = params.get("atlas", params)
     try:
-        load_variant(arm.get("variant", ""))
+        name = load_variant(arm.get("variant", "")).name
     except VariantError as e:
         raise ConfigError(one_line(e)) from e
-    if not isinstance(arm.get("options", {}), dict):
-        raise ConfigError(
-            f"options: expected a dict of constructor options, got {arm['options']!r}"
-        )
+    options = arm.get("options", {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"options: expected a dict of constructor options, got {options!r}")
+    known = [k for k in attention_options(name) if k not in ("dim", "n_heads")]
+    for key in options:  # its values are the variant's to judge: the contract's "builds" check
+        if key not in known:
+            raise ConfigError(
+                f"options: {name} has no constructor option {key!r}; it takes: "
+                f"{', '.join(known) or '(none)'}"
+            )
     if kind in ZOO_KINDS:
         from attention_atlas.experiments.zoo import run as zoo_run
 
