@@ -148,6 +148,9 @@ with report.section("cost") as s:
     s["slopes"] = slopes.to_dict(orient="records")
     s["at_longest"] = table.to_dict(orient="records")
     mine = table[table.variant == name].set_index("pass")
+    beside, where = report.cost_beside_zoo(table)
+    viz.markdown(f"Beside the zoo's kernels, {where}")
+    display(beside)
     viz.markdown(
         "At the longest length, "
         + "; ".join(

@@ -170,6 +170,40 @@ class Report:
         both = pd.concat([mine, zoo[mine.columns.intersection(zoo.columns)]], ignore_index=True)
         return both, f"the zoo's arms from {stored.provenance.text}"
 
+    def cost_beside_zoo(self, table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+        """The variant's time ratios to SDPA at its longest length (this run's
+        :func:`~.probes.cost_table`) beside every zoo kernel's in chapter 8's stored CPU record
+        at the stored length nearest to it, and a line naming that record's sizes (a ratio to
+        SDPA measured side by side travels between machines better than a time does)."""
+        from attention_atlas.experiments.performance.kernels import (
+            KERNEL_RECORD,
+            kernel_frame,
+            kernel_sizes_sentence,
+            load_records,
+        )
+
+        mine = table[table.variant == self.variant.name]
+        if not len(mine):
+            raise RuntimeError(f"no cost row of {self.variant.name}")
+        longest = int(mine["length"].max())
+        record = load_records((KERNEL_RECORD,))[KERNEL_RECORD].get("cpu")
+        if record is None:
+            return mine, "no stored chapter-8 kernel record (results/bench/cpu): this run only"
+        zoo = kernel_frame(record)
+        nearest = int(zoo.iloc[(zoo["L"] - longest).abs().argsort()[:1]]["L"].iloc[0])
+        zoo = zoo[zoo["L"] == nearest]
+        ratio = {p: r for p, r in zip(mine["pass"], mine["ratio to SDPA"], strict=True)}
+        rows = [{"variant": f"{self.variant.name} (this run)", "L": longest,
+                 "forward / SDPA": ratio.get("forward", ""),
+                 "forward+backward / SDPA": ratio.get("forward+backward", "")}]  # fmt: skip
+        cols = ["variant", "forward / SDPA", "forward+backward / SDPA"]
+        for v, fwd, both in zoo[cols].itertuples(index=False, name=None):
+            rows.append({"variant": str(v), "L": nearest, "forward / SDPA": f"{fwd:.2f}",
+                         "forward+backward / SDPA": f"{both:.2f}"})  # fmt: skip
+        where = (f"chapter 8's stored kernel record ({record.get('device', 'cpu')}): "
+                 f"{kernel_sizes_sentence(record)}")  # fmt: skip
+        return pd.DataFrame(rows), where
+
     # -- the summary ---------------------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
