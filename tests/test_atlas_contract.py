@@ -3,6 +3,7 @@ broken variant fails exactly the checks its fault breaks, with a detail naming t
 
 from __future__ import annotations
 
+import atlas_variants
 import pytest
 import torch
 from torch import Tensor
@@ -22,24 +23,13 @@ from attention_atlas.validate import ConfigError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@register_attention("test_atlas_contract_peek")
-class PeekingAttention(DotProductAttention):
-    """Dot-product attention that adds the value of token t + 1 to position t: a future leak."""
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, **kw: object) -> AttentionResult:
-        res = super().attend(q, k, v, **kw)  # type: ignore[arg-type]
-        res.out = res.out + torch.cat([v[..., 1:, :], torch.zeros_like(v[..., :1, :])], -2)
-        return res
-
-
-@register_attention("test_atlas_contract_nan")
-class NaNAttention(DotProductAttention):
-    """Dot-product attention whose output is NaN everywhere."""
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, **kw: object) -> AttentionResult:
-        res = super().attend(q, k, v, **kw)  # type: ignore[arg-type]
-        res.out = res.out * float("nan")
-        return res
+# the report's broken variants (tests/atlas_variants.py), registered under this file's names
+register_attention("test_atlas_contract_peek")(
+    type("ContractPeek", (atlas_variants.PeekingAttention,), {})
+)
+register_attention("test_atlas_contract_nan")(
+    type("ContractNaN", (atlas_variants.NaNAttention,), {})
+)
 
 
 @register_attention("test_atlas_contract_short")
