@@ -106,18 +106,6 @@ def test_a_variant_of_your_own_gets_every_section(example_report) -> None:
     assert "http://" not in page.replace("http://www.w3.org", "")  # nothing from another host
 
 
-def test_a_second_run_reuses_the_stored_cells(example_report, tmp_path) -> None:
-    _, out = example_report
-    cells = sorted((out / "cells" / "cells").glob("*.json"))
-    assert cells
-    before = {p.name: p.stat().st_mtime_ns for p in cells}
-    proc = report(EXAMPLE, out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert {
-        p.name: p.stat().st_mtime_ns for p in sorted((out / "cells" / "cells").glob("*.json"))
-    } == before
-
-
 @pytest.mark.parametrize(
     "cls,check,cause",
     [("PeekingAttention", "causal", "depends on token"), ("NaNAttention", "finite", "")],
