@@ -77,6 +77,11 @@ log_every = 25  # steps between log rows (metric trajectories of P3)
 time_reps = 5  # interleaved timing rounds of one training step per model
 seeds = [0, 1, 2]  # every configuration at every seed
 use_stored = True  # load stored results (results/fiber-bundle/{long,book}) when they match
+dot_controls = False  # the matched dot controls in this grid (the smoke run; else the gate grid)
+time_budget_s = 45.0  # the time-matched dot control's training budget, with dot_controls
+mqar_params = (
+    None  # MQAR comparison settings to run now (the smoke run); None: the stored gate-mqar grid
+)
 
 # %% tags=["smoke"]
 SMOKE = {
@@ -95,6 +100,22 @@ SMOKE = {
     "seeds": [0, 1],
     "time_reps": 3,
     "use_stored": False,
+    "dot_controls": True,
+    "time_budget_s": 1.0,
+    "mqar_params": {
+        "width": 16,
+        "pairs": 2,
+        "seq_len": 16,
+        "vocab_size": 16,
+        "steps": 4,
+        "batch_size": 8,
+        "lrs": [1e-3, 3e-3],
+        "n_train": 64,
+        "n_val": 16,
+        "n_test": 16,
+        "log_every": 2,
+        "time_budget_s": 0.5,
+    },
 }
 from attention_atlas.notebooks.lab import apply_smoke  # with ATTENTION_ATLAS_SMOKE=1 in JupyterLab
 
@@ -109,6 +130,7 @@ from IPython.display import display
 
 from attention_atlas import stats, viz
 from attention_atlas.experiments.fiber_bundle import figures as figs
+from attention_atlas.experiments.fiber_bundle import mqar as M
 from attention_atlas.experiments.fiber_bundle import run as fb
 from attention_atlas.experiments.fiber_bundle import verdicts as V
 from attention_atlas.models import PHASES
@@ -121,6 +143,8 @@ grid_kwargs = {
     "dot_temperatures": dot_temperatures, "analyse_seqs": analyse_seqs,
     "final_eval_batches": final_eval_batches, "explore_len": explore_len, "log_every": log_every,
 }  # fmt: skip
+if dot_controls:
+    grid_kwargs.update({"dot_controls": True, "time_budget_s": time_budget_s})
 runs, stored = fb.load_runs(params=grid_kwargs, seeds=seeds, use_stored=use_stored)
 PROVENANCE = stored.provenance.text
 P = runs.params  # the shape of the runs loaded (a stored long grid has its own)
@@ -131,7 +155,15 @@ assert not runs.diverged("dot"), f"the baseline diverged: {V.diverged_reason(run
 FINISHED = runs.finished()
 DIVERGED = V.diverged_reason(runs, list(runs.grid))  # None when every run finished
 timing = fb.timing_for(runs, reps=time_reps, variants=("fbt", "ranks", "phases", "cayley"))
-OUT = V.outcomes_from_runs(runs, timing, evidence=PROVENANCE)
+# the gate grid (matched dot controls, the kappa ladder with the gate): this grid itself when it
+# has the controls (the smoke run), else the stored one when complete (never run here)
+GATE_RUNS, GATE_GRID = (runs, stored) if dot_controls else fb.load_gate_runs()
+# its MQAR half: run now with mqar_params (the smoke run), else the stored gate-mqar grid
+MQAR_RUNS, MQAR_GRID = fb.load_gate_runs(
+    "gate-mqar", **({"params": {"mqar": mqar_params}, "seeds": seeds} if mqar_params else {})
+)
+OUT = V.outcomes_from_runs(runs, timing, evidence=PROVENANCE, gate=(GATE_RUNS, GATE_GRID),
+                           mqar=(MQAR_RUNS, MQAR_GRID))  # fmt: skip
 SCALE = V.training_scale(runs)
 print(PROVENANCE)
 
@@ -247,6 +279,58 @@ viz.explore(
     {"config": viz.dropdown(CONFIGS, "fbt"), "seed": viz.dropdown(SEEDS)},
     main=True,
 )
+provenance()
+
+# %% [markdown]
+# ## The geometry gate: does removing the geometry change anything?
+#
+# A prediction about the geometry can only be decided where the geometry does something. Each
+# trained Fiber Bundle model is evaluated twice more on the same validation windows: with the
+# Riemannian score blended out ($\alpha \to 0$) and with every metric factor set to zero at its
+# own $\alpha$ ($U_t = 0$: the scores reduce to $-\lVert q_i - k_j \rVert^2 / \tau$, Phase E's
+# $g^{-1}$ to the identity; `models.fiber_bundle.evaluated_without_metric`). The gate is the
+# change of bits per character, over seeds with its 95% interval, against a declared smallest
+# effect (`fiber_bundle_verdicts.SESOI["gate"]`); a configuration is *active* when an interval's
+# lower end lies above it. P1, P2, P5 and P6 are decided only on arms that pass (the weakest
+# level of P1 and the $\alpha = 0$ arm of P2 are Euclidean by design and exempt); otherwise they
+# are *not tested: geometry inert*, with the measured change. Cells stored before the gate
+# existed have only the $\alpha \to 0$ evaluation of the P2 arms ("not measured" elsewhere).
+
+# %%
+GATE_SESOI = V.SESOI["gate"]
+gates = V.gate_table(runs)
+display(gates.set_index("config").round(5))
+viz.show(figs.geometry_gates(gates, GATE_SESOI, "Geometry gate, this chapter's grid"))
+unmeasured = gates.config[gates.state == "not measured"].tolist()
+active = gates.config[gates.state == "active"].tolist()
+viz.markdown(
+    f"Smallest effect of interest: {GATE_SESOI:g} bpc ({V.SESOI_REASON['gate']}). In this grid "
+    f"{len(active)} of {len(gates)} Fiber Bundle configurations pass the gate"
+    + (f" ({', '.join(active)})" if active else "")
+    + (f"; not measured on {', '.join(unmeasured)} (`{fb.GATE_COMMAND}` measures the gate on "
+       "every configuration)" if unmeasured else "") + "."
+)  # fmt: skip
+if GATE_RUNS is not None:  # the smoke run: this grid itself
+    gate_gates = V.gate_table(GATE_RUNS)
+    display(gate_gates.set_index("config").round(5))
+    viz.show(figs.geometry_gates(gate_gates, GATE_SESOI, "Geometry gate, the gate grid"))
+    rung = gate_gates.config.isin(["fbt", "fbt_reg-none"]) | gate_gates.config.str.startswith(
+        "fbt_kappa-"
+    )
+    ladder = gate_gates[rung].assign(order=lambda t: t.kappa_factor.where(t.reg == "three", np.inf))
+    viz.markdown(
+        f"The gate grid ({GATE_RUNS.command}): the $\\kappa_\\max$ ladder, "
+        + "; ".join(f"{r.config} ({'uncapped' if r.reg == 'none' else f'{r.kappa_factor:g} tau/L'}): "
+                    f"{r.state}, {r.alpha0_mean:+.3g} bpc ($\\alpha \\to 0$), {r.u0_mean:+.3g} bpc ($U \\to 0$)"
+                    for r in ladder.sort_values("order").itertuples())
+        + "."
+    )  # fmt: skip
+elif GATE_GRID is not None:
+    viz.markdown(f"The gate grid is not complete yet: {len(GATE_GRID.records)} of "
+                 f"{len(GATE_GRID.records) + len(GATE_GRID.missing)} cells are stored "
+                 f"(`{fb.GATE_COMMAND}` runs the rest; this chapter never runs it).")  # fmt: skip
+else:
+    viz.markdown(f"No gate grid is stored: `{fb.GATE_COMMAND}` runs it.")
 provenance()
 
 # %% [markdown]
@@ -424,6 +508,24 @@ else:
 provenance()
 
 # %% [markdown]
+# ## The divergences: what grew first
+#
+# The runs that diverged are a result in themselves. From every run trained with the three
+# regularisers, the first log step at which a block's mean $\kappa_t$ stands more than
+# `fiber_bundle_verdicts.RUNAWAY` times its $\kappa_\max$ above the band, which block, what its
+# metric was at the log before, what the other blocks, the diversity term, the weighted
+# regulariser and the task loss were then (`fiber_bundle_verdicts.divergence_finding`, read
+# from the stored training logs).
+
+# %%
+finding = V.divergence_finding(runs)
+ran_away = finding[finding.runaway_step.notna()]
+if len(ran_away):
+    display(ran_away.set_index(["config", "seed"]))
+viz.markdown(f"Outcome: {outcome_line('riemannian/regularised-kappa-band')}.")
+provenance()
+
+# %% [markdown]
 # ## P4: is curvature heterogeneous, and does it follow the text?
 #
 # Conjecture 6.1: after training with the diversity regulariser, $\kappa_t$ varies across tokens,
@@ -507,7 +609,7 @@ provenance()
 r_lo, r_hi = min(p6_names), max(p6_names)
 p6_pair = [p6_names[r_hi], p6_names[r_lo]]
 p6_text = (
-    f"the last block's effective rank changes by {OUT['riemannian/P6'].effect.format(2, signed=True)} "
+    f"the last block's effective rank changes by {runs.paired(*p6_pair, f'erank_{LAST}').format(2, signed=True)} "
     f"and bits per character by {runs.paired(*p6_pair, 'val_bpc').format(3, signed=True)}"
     if runs.finished(p6_pair) == p6_pair else
     f"nothing can be paired: {V.diverged_reason(runs, p6_pair)}"
@@ -563,6 +665,87 @@ viz.markdown(transport_text)
 provenance()
 
 # %% [markdown]
+# ## The unregularised model against matched dot-product controls
+#
+# Without regularisers the metric grows and the model reaches a lower bpc than the dot-product
+# baseline; but the Fiber Bundle model has more parameters and costs more per step. The
+# controls (`fiber_bundle.matched_dot_controls`): a dot-product model as wide as its parameter
+# count allows (`matched_dot_width`), one trained for more steps by the ratio of training FLOPs
+# (`flop_ratio`, counted by FlopCounterMode: matrix products only, a lower bound on the Fiber
+# Bundle model's share), and one trained for the same wall-clock budget (`schedule="time"`).
+# The claim is decided only when the unregularised model's geometry passes the gate.
+
+# %%
+if GATE_RUNS is not None:
+    arms = ["fbt_reg-none", "dot", *V.MATCHED]
+    matched_table = pd.DataFrame(
+        {a: {"val bpc": GATE_RUNS.interval(a, "val_bpc").format(3),
+             "parameters": int(GATE_RUNS.per_seed(a, "params_total")[0]),
+             "steps": int(np.mean(GATE_RUNS.per_seed(a, "steps_done"))),
+             "train s": float(np.mean(GATE_RUNS.per_seed(a, "train_time_s")))}
+         for a in arms if a in GATE_RUNS.grid and not GATE_RUNS.diverged(a)}
+    ).T  # fmt: skip
+    display(matched_table)
+    g_none = V.geometry_gate(GATE_RUNS, "fbt_reg-none")
+    viz.markdown(
+        f"Unregularised model's gate: {g_none.state} ({g_none.text()}). Outcome: "
+        f"{outcome_line('riemannian/fbt-vs-matched-dot')}."
+    )
+else:
+    viz.markdown(f"Outcome: {outcome_line('riemannian/fbt-vs-matched-dot')}.")
+
+# %% [markdown]
+# ### The same comparison on MQAR
+#
+# Bits per character reward a model that predicts text; multi-query associative recall asks
+# whether attention can bind a key to its value and find it again. The same five arms on MQAR
+# at chapter 9's centre cell and by its protocol (`fiber_bundle.mqar`: width 64, 4 pairs,
+# 32 tokens, a vocabulary of 64, 300 steps of 32 sequences, token shift, no MLP, each arm's
+# learning rate chosen from {1e-3, 3e-3, 1e-2} by validation accuracy on one seed), decided on
+# test accuracy with chapter 9's smallest effect, and gated on MQAR: the test accuracy the
+# Fiber Bundle model loses when its geometry is removed at evaluation.
+
+
+# %%
+def mqar_row(arm):
+    """One arm of the MQAR comparison: test accuracy over seeds, cost and learning rate."""
+    return {"test acc": MQAR_RUNS.interval(arm, "test_acc").format(3),
+            "parameters": int(MQAR_RUNS.per_seed(arm, "params_total")[0]),
+            "steps": int(np.mean(MQAR_RUNS.per_seed(arm, "steps_done"))),
+            "train s": float(np.mean(MQAR_RUNS.per_seed(arm, "train_time_s"))),
+            "lr": float(MQAR_RUNS.per_seed(arm, "lr")[0])}  # fmt: skip
+
+
+if MQAR_RUNS is not None:
+    mqar_arms = [a for a in MQAR_RUNS.grid if not MQAR_RUNS.diverged(a)]
+    display(pd.DataFrame({a: mqar_row(a) for a in mqar_arms}).T)
+    mqar_gates = V.gate_table(MQAR_RUNS, on="acc")
+    viz.show(figs.geometry_gates(mqar_gates, V.SESOI["gate_acc"], "Geometry gate on MQAR",
+                                 unit="test accuracy lost"))  # fmt: skip
+    g_mqar = V.geometry_gate(MQAR_RUNS, "fbt_reg-none", on="acc")
+    fbt_acc = MQAR_RUNS.interval("fbt_reg-none", "test_acc")
+    diffs = "; ".join(f"{V.MATCHED[a]} {MQAR_RUNS.paired('fbt_reg-none', a, 'test_acc').format(3, signed=True)}"
+                      for a in V.MATCHED if a in mqar_arms and "fbt_reg-none" in mqar_arms)  # fmt: skip
+    viz.markdown(
+        f"On MQAR ({MQAR_RUNS.command}, {len(MQAR_RUNS.seeds)} seeds) the unregularised Fiber "
+        f"Bundle Transformer reaches test accuracy {fbt_acc.format(3)}; its lead over the "
+        f"dot-product model matched in {diffs or 'nothing (an arm diverged)'} (paired by seed). "
+        f"Removing its geometry at evaluation costs {g_mqar.text()} (gate {g_mqar.state}, "
+        f"smallest effect {V.SESOI['gate_acc']:g}: {V.SESOI_REASON['gate_acc']}). Outcome: "
+        f"{outcome_line('riemannian/fbt-vs-matched-dot-mqar')}."
+    )
+elif MQAR_GRID is not None:
+    viz.markdown(f"The MQAR comparison is not complete: {len(MQAR_GRID.records)} of "
+                 f"{len(MQAR_GRID.records) + len(MQAR_GRID.missing)} cells are stored "
+                 f"(`{M.MQAR_COMMAND}` runs the rest; this chapter never runs it). Outcome: "
+                 f"{outcome_line('riemannian/fbt-vs-matched-dot-mqar')}.")  # fmt: skip
+else:
+    viz.markdown(
+        f"No MQAR comparison is stored: `{M.MQAR_COMMAND}` runs it. Outcome: "
+        f"{outcome_line('riemannian/fbt-vs-matched-dot-mqar')}."
+    )
+
+# %% [markdown]
 # ## Cost of one training step, side by side
 #
 # Wall times of separate runs on a shared machine mix the model's cost with the machine's load.
@@ -609,4 +792,6 @@ viz.markdown(
     + f") at {SCALE.text()}; {PROVENANCE}. This execution of the chapter took {elapsed:.0f} s."
 )
 assert set(OUT) == {"riemannian/eq-25", "riemannian/eq-34", "riemannian/overhead",
+                    "riemannian/regularised-kappa-band", "riemannian/fbt-vs-matched-dot",
+                    "riemannian/fbt-vs-matched-dot-mqar",
                     *(f"riemannian/P{i}" for i in range(1, 7))}  # fmt: skip

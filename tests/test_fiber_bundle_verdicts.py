@@ -21,6 +21,12 @@ GRID = fb.chapter_grid(ranks=(1, 4, 8), alphas=(0.0, 1.0), kappa_factors=(0.1, 1
                        dot_temperatures=(0.5, 0.25))  # fmt: skip
 
 
+#: the bpc change when the geometry is removed at evaluation (``gate_alpha0``, ``gate_u0``) of
+#: every synthetic Fiber Bundle arm with alpha > 0: ten times the gate's smallest effect, so that
+#: the predictions are decided; the alpha-0 arm has no Riemannian score to remove (0)
+ACTIVE_GATE = 0.1
+
+
 def _base(config: str, seed: int, rng: np.random.Generator) -> dict[str, Any]:
     """Every metric the verdicts read, at neutral values (a little seed noise)."""
     n = lambda: float(rng.normal(0, 1e-3))  # noqa: E731
@@ -32,6 +38,10 @@ def _base(config: str, seed: int, rng: np.random.Generator) -> dict[str, Any]:
                 f"init_kappa_{l}_spearman_surprisal": 0.2}  # fmt: skip
     rec |= {"erank_0": 10.0, "erank_1": 10.0, "erank_2": 10.0 + n()}
     rec |= {f"bpc_at_alpha_{a:g}": 2.0 + n() for a in (0.0, 1.0)}
+    params = GRID[config]
+    if params["kind"] == "fbt":  # the geometry gate: active wherever the Riemannian score acts
+        gate = ACTIVE_GATE if float(params["model"].get("alpha", 1.0)) > 0 else 0.0
+        rec |= {"gate_alpha0": gate + n(), "gate_u0": gate + n()}
     return rec
 
 
@@ -179,6 +189,68 @@ def test_p6_reads_the_largest_against_the_smallest_metric_rank():
     assert V.p6_names(runs) == {1: "fbt_rank-1", 4: "fbt", 8: "fbt_rank-8"}
     v = V.p6_verdict(runs)
     assert v.outcome == "supported" and v.effect.mean == pytest.approx(3.2, abs=0.01)
+
+
+# -- the geometry gate ---------------------------------------------------------------------
+
+
+def inert_everywhere(**changes: Any) -> dict[str, Any]:
+    """``changes`` with every Fiber Bundle arm's gate tiny: removing the geometry at evaluation
+    changes the bpc by about 2.5e-5 (the long grid's default cap), far below ``SESOI["gate"]``."""
+    tiny = {"gate_alpha0": lambda s: 2.5e-5 + 1e-6 * s, "gate_u0": lambda s: 4e-5 + 1e-6 * s}
+    out = dict(changes)
+    for name, p in GRID.items():
+        if p["kind"] == "fbt":
+            key = name.replace("-", "_").replace(".", "_")
+            out[key] = {**out.get(key, {}), **tiny}
+    return out
+
+
+def test_predictions_on_inert_geometry_are_not_tested_with_the_measured_change():
+    """The setups that P1, P2, P5 and P6 decide (supported) above, with every arm's gate at
+    about 2.7e-5 bpc: each is *not tested: geometry inert*, and says by how much removing the
+    geometry moved the bpc."""
+    p1_up = dict(
+        fbt_kappa_0_1=both_layers("entry_scale_{l}", 0.05),
+        fbt_kappa_10=both_layers("entry_scale_{l}", 5.0) | both_layers("sigma2_{l}", lambda s: 0.7 + 0.01 * s),
+    )  # fmt: skip
+    p2_up = {"fbt_alpha_0": {"bpc_at_alpha_1": lambda s: 2.1 + 0.01 * s},
+             "fbt": {"bpc_at_alpha_0": lambda s: 2.1 + 0.01 * s}}  # fmt: skip
+    p5_up = dict(dot=_entropy_rank(2.0, 12.0), dot_temp_0_5=_entropy_rank(1.0, 16.0),
+                 dot_temp_0_25=_entropy_rank(0.5, 18.0),
+                 fbt=_entropy_rank(1.5, lambda s: 15.0 + 0.1 * s))  # fmt: skip
+    p6_up = {"fbt_rank_8": {"erank_2": lambda s: 13.0 + 0.1 * s}}
+    decide = {
+        "P1": (p1_up, lambda r: V.p1_verdict(r)[0], ["fbt_kappa-10"]),
+        "P2": (p2_up, V.p2_verdict, ["fbt"]),
+        "P5": (p5_up, V.p5_verdict, ["fbt"]),
+        "P6": (p6_up, V.p6_verdict, ["fbt_rank-1", "fbt_rank-8"]),
+    }
+    for name, (changes, rule, arms) in decide.items():
+        assert rule(runs_with(**changes)).outcome == "supported", name  # active gates: decided
+        runs = runs_with(**inert_everywhere(**changes))
+        v = rule(runs)
+        assert (v.outcome, v.category) == ("not tested", "geometry inert"), name
+        assert v.effect is None and "inert" in v.reason
+        for arm in arms:  # the measured change of every inert arm compared, in the reason
+            g = V.geometry_gate(runs, arm)
+            assert g.state == "inert" and g.alpha0 is not None and g.u0 is not None
+            assert g.alpha0.mean == pytest.approx(2.7e-5) and g.u0.mean == pytest.approx(4.2e-5)
+            assert f"{arm}: {g.text()}" in v.reason and "+2.7e-05" in g.text(), name
+    out = V.outcomes_from_runs(runs_with(**inert_everywhere(**p1_up)), _timing([1.0, 1.1, 1.0]),
+                               evidence="x")  # fmt: skip
+    assert out["riemannian/P1"].outcome == "not tested"
+    assert "inert" in out["riemannian/P1"].summary + str(out["riemannian/P1"].reason)
+
+
+def test_one_inert_arm_is_enough_to_leave_a_comparison_untested():
+    p6_up = {"fbt_rank_8": {"erank_2": lambda s: 13.0 + 0.1 * s,
+                            "gate_alpha0": 1e-4, "gate_u0": 1e-4}}  # fmt: skip
+    v = V.p6_verdict(runs_with(**p6_up))
+    assert v.outcome == "not tested" and "fbt_rank-8" in v.reason and "fbt_rank-1" not in v.reason
+    table = V.gate_table(runs_with(**p6_up)).set_index("config")
+    assert table.loc["fbt_rank-8", "state"] == "inert" and table.loc["fbt", "state"] == "active"
+    assert table.loc["fbt_alpha-0", "state"] == "inert"  # no Riemannian score to remove
 
 
 # -- eq. (25), the cost, the scale, every claim ----------------------------------------------

@@ -45,6 +45,7 @@ __all__ = [
     "FiberBundleConfig",
     "FiberBundleTransformer",
     "evaluated_at_alpha",
+    "evaluated_without_metric",
     "fbt_attentions",
     "fiber_bundle_diagnostic",
     "fiber_bundle_regularizer",
@@ -211,6 +212,24 @@ def evaluated_at_alpha(model: nn.Module, alpha: float) -> Iterator[None]:
     finally:
         for m, a in zip(mods, before):
             m.alpha = a
+
+
+@contextmanager
+def evaluated_without_metric(model: nn.Module) -> Iterator[None]:
+    """Temporarily evaluate ``model`` with every metric factor ``U_t = 0`` at its own alpha (the
+    geometry gate of chapter 4): Phase A off in every Fiber Bundle layer, so the scores reduce
+    to the distance part ``-|q_i - k_j|^2 / tau`` (eq. (15) at ``g = I``; the curvature proxy
+    and the metric-aware projection vanish with ``U``), Phase E's ``g^{-1}`` is the identity,
+    and transport and torsion, which do not read ``U``, stay. Restores each layer's switch."""
+    mods = fbt_attentions(model)
+    before = [m.use_metric for m in mods]
+    try:
+        for m in mods:
+            m.use_metric = False
+        yield
+    finally:
+        for m, used in zip(mods, before):
+            m.use_metric = used
 
 
 # ----------------------------------------------------------------------------------------

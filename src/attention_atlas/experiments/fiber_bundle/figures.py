@@ -24,6 +24,7 @@ __all__ = [
     "bpc_and_time",
     "cap_regularisers",
     "eq25_bars",
+    "geometry_gates",
     "p1_critical_axis",
     "p2_alpha_transfer",
     "p3_metric_strength",
@@ -371,4 +372,30 @@ def step_cost(cost: pd.DataFrame, shape: str) -> go.Figure:
         yaxis_title="ratio to dot product",
         height=400,
     )
+    return fig
+
+
+def geometry_gates(table: pd.DataFrame, sesoi: float, title: str = "",
+                   unit: str = "bpc") -> go.Figure:  # fmt: skip
+    """The geometry gate of every configuration of ``table``
+    (:func:`~.verdicts.gate_table`): the change of validation bpc when the geometry is removed
+    at evaluation (``alpha -> 0``, ``U -> 0``), mean and 95% interval over seeds, with the
+    smallest effect of interest ``sesoi`` drawn
+    (a gate is active when its interval lies above that line). Configurations without the
+    evaluation are named on the axis with no marker. ``unit``: what the change is measured in
+    (MQAR's gate is the test accuracy lost)."""
+    fig = go.Figure()
+    for k, (w, label) in enumerate((("alpha0", "alpha -> 0"), ("u0", "U -> 0"))):
+        m = table[f"{w}_mean"].to_numpy(dtype=float)
+        fig.add_trace(go.Scatter(
+            x=table["config"], y=m, mode="markers", name=label, marker={"color": _color(k)},
+            error_y={"type": "data", "symmetric": False,
+                     "array": table[f"{w}_high"].to_numpy(dtype=float) - m,
+                     "arrayminus": m - table[f"{w}_low"].to_numpy(dtype=float)},
+        ))  # fmt: skip
+    fig.add_hline(y=sesoi, line_dash="dash", annotation_text=f"smallest effect {sesoi:g} {unit}")
+    fig.add_hline(y=0.0, line_width=1, line_color="grey")
+    fig.update_layout(title=title or f"Geometry gate: {unit} change when the geometry is removed",
+                      xaxis_title="configuration", yaxis_title=f"change: {unit} (95% interval)",
+                      height=380)  # fmt: skip
     return fig

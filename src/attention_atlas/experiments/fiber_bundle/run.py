@@ -38,6 +38,7 @@ from attention_atlas.models import (
     metric_factors,
     param_counts,
 )
+from attention_atlas.models.fiber_bundle import evaluated_without_metric
 from attention_atlas.threads import intra_op_threads
 from attention_atlas.train import TrainConfig, evaluate, seed_everything, train
 from attention_atlas.train.config import check_model, check_run
@@ -45,14 +46,21 @@ from attention_atlas.train.evaluate import cross_entropy
 from attention_atlas.validate import ConfigError, check_count, check_number, one_line
 
 from .analysis import Runs, analyse, explore_window
+from .controls import PTB_VOCAB, flop_ratio, matched_dot_controls, matched_dot_width
+from .mqar import MQAR_KIND, check_mqar_cell, mqar_grid, run_mqar_cell
 
 __all__ = [
     "EXPERIMENT",
+    "PTB_VOCAB",
     "PRESETS",
     "chapter_grid",
     "check_cell",
+    "matched_dot_controls",
+    "flop_ratio",
     "kappa_scale",
+    "load_gate_runs",
     "load_runs",
+    "matched_dot_width",
     "matched_l2_weight",
     "model_config",
     "run_cell",
@@ -65,6 +73,15 @@ __all__ = [
 
 #: the experiment's name on the command line and in the results store
 NAME = EXPERIMENT = "fiber-bundle"
+#: the wall-clock budget of the ``gate`` preset's time-matched dot-product arm: the training
+#: time of its unregularised Fiber Bundle model measured here (one CPU thread, seed 0: 11.2 s per
+#: 100 steps, 400 steps)
+GATE_TIME_BUDGET_S = 45.0
+#: the command that runs the ``gate`` preset (the geometry gate and the matched dot controls)
+GATE_COMMAND = (
+    "python -m attention_atlas sweep fiber-bundle --preset gate --seeds 0 1 2 3 4 "
+    "--workers 1 --threads 1"
+)
 #: parameter sets of ``python -m attention_atlas sweep fiber-bundle --preset NAME``; ``book`` is
 #: :func:`chapter_grid`'s defaults (the chapter's parameters cell). ``long`` is sized for the
 #: verdicts: width 128 (8 heads of width 16, the book's head width), 128-character windows,
@@ -76,6 +93,11 @@ NAME = EXPERIMENT = "fiber-bundle"
 #: flatter attention than the baseline (``T`` = 8, 4, 2, added once the grid had run): at this
 #: scale the default Fiber Bundle model's attention entropy (1.77 nats at seed 0) lies above
 #: every sharper control's (0.05 to 1.60), and P5's matched control does not extrapolate.
+#: ``gate`` (issue 53) is sized for one CPU thread (about a minute per Fiber Bundle cell): the
+#: kappa_max ladder (x0.1, x1, x10, x100 tau/L, and uncapped: ``fbt_reg-none``), every other
+#: Fiber Bundle arm, each with the geometry gate (:func:`run_cell`), and the dot-product
+#: controls of :func:`dot_controls` (matched in parameters, training FLOPs, wall clock).
+#: ``gate-mqar`` is the same comparison on MQAR at chapter 9's centre cell (:func:`.mqar.mqar_grid`).
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {"steps": 6, "dim": 32, "n_heads": 2, "batch_size": 4, "seq_len": 32, "ranks": [1, 4],
               "alphas": [0.0, 1.0], "kappa_factors": [0.1, 10.0], "dot_temperatures": [0.5],
@@ -85,6 +107,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "long": {"steps": 4000, "dim": 128, "n_heads": 8, "batch_size": 32, "seq_len": 128,
              "log_every": 200, "analyse_seqs": 128, "final_eval_batches": 64,
              "dot_temperatures": [8.0, 4.0, 2.0, 0.5, 0.25, 0.1, 0.05, 0.025]},
+    "gate": {"steps": 400, "dim": 64, "n_heads": 4, "batch_size": 16, "seq_len": 64,
+             "log_every": 100, "analyse_seqs": 32, "final_eval_batches": 16,
+             "kappa_factors": [0.1, 10.0, 100.0], "dot_temperatures": [2.0, 0.5],
+             "dot_controls": True, "time_budget_s": GATE_TIME_BUDGET_S},
+    "gate-mqar": {"mqar": {}},
 }  # fmt: skip
 
 
@@ -115,6 +142,9 @@ def chapter_grid(
     explore_len: int = 32,
     reg_weights: dict[str, float] | None = None,
     ablations: bool = False,
+    dot_controls: bool = False,
+    time_budget_s: float | None = None,
+    mqar: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The configurations of chapter 4, sharing runs across predictions.
 
@@ -128,8 +158,14 @@ def chapter_grid(
     ``fbt_reg-l2`` (an l2 penalty on ``kappa_t`` as strong as the task gradient at
     initialisation, :func:`matched_l2_weight`), ``fbt_alpha-<a>`` (P2), ``fbt_rank-<r>`` (P6),
     ``fbt_kappa-<c>`` (P1), and with ``ablations`` ``fbt_no-<phase>`` (each phase off alone) and
-    ``fbt_cayley``. The arms of P2 are evaluated at each training alpha.
+    ``fbt_cayley``. The arms of P2 are evaluated at each training alpha. With ``dot_controls``
+    the dot-product controls of the unregularised model (:func:`matched_dot_controls`; the time-matched
+    one trains for ``time_budget_s``). Every Fiber Bundle cell also measures the geometry gate
+    (:func:`run_cell`). With ``mqar`` (settings of :func:`.mqar.mqar_grid`; the ``gate-mqar``
+    preset) the grid is instead the MQAR half of that comparison, and nothing else.
     """
+    if mqar is not None:
+        return mqar_grid(**mqar)
     eval_alphas = sorted({float(a) for a in alphas} | {1.0})
     scale = kappa_scale(dim, n_heads, seq_len)
     train = {
@@ -178,21 +214,32 @@ def chapter_grid(
             off: dict[str, Any] = {f"phase_{ph}": False}
             grid[f"fbt_no-{ph}"] = fbt(**off)
         grid["fbt_cayley"] = fbt(transport_kind="cayley")
+    if dot_controls:
+        if time_budget_s is None:
+            raise ValueError("dot_controls needs time_budget_s (the time-matched arm's budget)")
+        for name, (mp, tp_) in matched_dot_controls(model, train, time_budget_s).items():
+            grid[name] = {"kind": "dot", "model": mp, "train": tp_, **measure}
     return grid
 
 
 def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Train one configuration of :func:`chapter_grid` at ``seed`` on char-PTB and measure it.
+    """Train one configuration of :func:`chapter_grid` at ``seed`` on char-PTB and measure it
+    (an MQAR cell, ``kind = "mqar"``, by :func:`.mqar.run_mqar_cell`).
 
     Returns scalars (``val_bpc``, ``train_time_s``, ``tokens_per_s``, parameter counts, the
     :func:`analyse` scalars, for a Fiber Bundle model also those of the same model at
     initialisation, ``init_*``, ``bpc_at_alpha_<a>`` for each evaluation alpha, ``l2_weight``
-    for the task-matched l2 arm) and, in the cell's JSON only, ``history`` (the training log,
+    for the task-matched l2 arm, ``steps_done``; for every Fiber Bundle model the geometry gate:
+    ``bpc_own`` (the final evaluation again), ``bpc_at_alpha_0`` (the Riemannian score blended
+    out) and ``bpc_at_u0`` (every metric factor ``U_t = 0`` at the model's own alpha,
+    :func:`evaluated_without_metric`), ``gate_alpha0`` and ``gate_u0``, each minus ``bpc_own``) and, in the cell's JSON only, ``history`` (the training log,
     diagnostics included), ``kappa_quantiles`` and ``explore`` (:func:`explore_window`).
     A run that diverged (a non-finite loss or gradient) is recorded as such: ``val_bpc`` NaN,
     ``diverged_step`` the step it stopped before, its timings, parameter counts and history,
     and no analysis (the record of a finished run has no ``diverged_step``).
     """
+    if params["kind"] == MQAR_KIND:
+        return run_mqar_cell(params, seed)
     data = load_char_ptb()
     is_fbt = params["kind"] == "fbt"
     mcfg = model_config(params)
@@ -208,7 +255,8 @@ def run_cell(params: dict[str, Any], seed: int) -> dict[str, Any]:
     res = train(mcfg, train_config(params, seed, l2_weight), data)
     out.update({"val_bpc": res.final["val_bpc"], "train_time_s": res.final["train_time_s"],
                 "train_cpu_s": res.final["train_cpu_s"],
-                "tokens_per_s": res.final.get("tokens_per_s", math.nan)})  # fmt: skip
+                "tokens_per_s": res.final.get("tokens_per_s", math.nan),
+                "steps_done": int(res.final.get("steps") or tp["steps"])})  # fmt: skip
     out.update({f"params_{k}": v for k, v in param_counts(res.model).items()})
     if res.diverged is not None:
         # a result too: the record says where (val_bpc is NaN); nothing is measured on the
@@ -243,8 +291,11 @@ def check_cell(params: dict[str, Any]) -> None:
     :func:`~attention_atlas.train.config.check_run`; for a Fiber Bundle cell the regulariser
     (its kind, ``kappa_min <= kappa_max`` both > 0, known weights >= 0) and the blending alphas
     in [0, 1]; ``analyse_seqs`` and ``explore_len`` (at most the model's length).
-    Nothing is loaded, built or trained. Raises ConfigError (one line)."""
+    Nothing is loaded, built or trained; an MQAR cell by :func:`.mqar.check_mqar_cell`.
+    Raises ConfigError (one line)."""
     kind = params.get("kind")
+    if kind == MQAR_KIND:
+        return check_mqar_cell(params)
     if kind not in KINDS:
         raise ConfigError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
     try:
@@ -304,11 +355,24 @@ def _measured(
     out = analyse(model, data, seq_len=tp["seq_len"], n_seqs=int(params["analyse_seqs"]),
                   initial=initial)  # fmt: skip
     out.pop("tokens")
+
+    def bpc() -> float:
+        ev = evaluate(model, data, split="val", batch_size=tp["eval_batch_size"],
+                      seq_len=tp["seq_len"], max_batches=tp["final_eval_batches"])  # fmt: skip
+        return float(ev["bpc"])
+
     for a in params.get("eval_alphas", []):
         with evaluated_at_alpha(model, a):
-            ev = evaluate(model, data, split="val", batch_size=tp["eval_batch_size"],
-                          seq_len=tp["seq_len"], max_batches=tp["final_eval_batches"])  # fmt: skip
-        out[f"bpc_at_alpha_{a:g}"] = ev["bpc"]  # prediction P2
+            out[f"bpc_at_alpha_{a:g}"] = bpc()  # prediction P2
+    if params["kind"] == "fbt":  # the geometry gate: the Riemannian part removed at evaluation
+        out["bpc_own"] = bpc()  # the final evaluation's windows, at the trained settings
+        if "bpc_at_alpha_0" not in out:
+            with evaluated_at_alpha(model, 0.0):
+                out["bpc_at_alpha_0"] = bpc()
+        with evaluated_without_metric(model):
+            out["bpc_at_u0"] = bpc()
+        out["gate_alpha0"] = out["bpc_at_alpha_0"] - out["bpc_own"]
+        out["gate_u0"] = out["bpc_at_u0"] - out["bpc_own"]
     out["explore"] = explore_window(model, data, int(params["explore_len"]))
     return out
 
@@ -392,6 +456,32 @@ def load_runs(*, smoke: bool = False, seeds: Sequence[int] | None = None,
     if grid.missing:
         raise RuntimeError(f"{len(grid.missing)} cells have no result, e.g. {grid.missing[0]}")
     command = grid.provenance.commands[0] if grid.provenance.commands else ""
+    return Runs.from_records(grid.records, command), grid
+
+
+def load_gate_runs(preset: str = "gate", *, params: dict[str, Any] | None = None,
+                   seeds: Sequence[int] = (0, 1)) -> tuple[Runs | None, Any]:  # fmt: skip
+    """The stored ``gate`` grid (:data:`GATE_COMMAND`; ``preset="gate-mqar"``, its MQAR half):
+    ``(Runs, Grid)`` when every cell is stored, else ``(None, Grid)`` with what is there and
+    ``missing`` (``(None, None)`` when nothing is). Never runs anything, so the chapter shows
+    how far the sweep is; except with ``params`` (the preset's settings replaced, the chapter's
+    smoke run), which runs that grid now at ``seeds``."""
+    from attention_atlas.store.results import load_grid
+    from attention_atlas.sweep.stored import stored_or_run
+
+    if params is not None:
+        run = stored_or_run(sys.modules[__name__], params=params, preset=preset, seeds=list(seeds),
+                            use_stored=False, log=None)  # fmt: skip
+        command = run.provenance.commands[0] if run.provenance.commands else ""
+        return Runs.from_records(run.records, command), run
+
+    try:
+        grid = load_grid(EXPERIMENT, preset, complete=False, skip_damaged=True)
+    except FileNotFoundError:
+        return None, None
+    if grid.missing:
+        return None, grid
+    command = grid.provenance.commands[0] if grid.provenance.commands else GATE_COMMAND
     return Runs.from_records(grid.records, command), grid
 
 

@@ -1,17 +1,20 @@
-"""Chapter 4's verdicts: each prediction P1 to P6 of the Riemannian-attention paper as an effect
+"""Chapter 4's verdicts: each claim of chapter 4 decided from the grid's runs.
+
+Each prediction P1 to P6 of the Riemannian-attention paper as an effect
 against a control, decided by the library's one rule (:func:`attention_atlas.stats.verdict`)
-against a smallest effect of interest declared here (:data:`SESOI`, each with its reason in
-:data:`SESOI_REASON`), at the training scale of the runs (:func:`training_scale`); the eq. (25)
-identity checked in float64 (:func:`eq25_counterexample`); and the cost claim from an interleaved
-timing (:func:`overhead_verdict`). :func:`outcomes_from_runs` gives every claim's
-:class:`~attention_atlas.verdicts.Outcome`; the chapter and ``python -m attention_atlas claims``
-call it on the same stored grid.
+against a smallest effect of interest (:data:`~.rule.SESOI`, each with its reason), at the
+training scale of the runs (:func:`~.rule.training_scale`), on models whose geometry passes the
+gate (:mod:`.gate`); the eq. (25) identity checked in float64 (:func:`eq25_counterexample`);
+and the cost claim from an interleaved timing (:func:`overhead_verdict`).
+:func:`outcomes_from_runs` gives every claim's :class:`~attention_atlas.verdicts.Outcome`
+(the gate's claims included); the chapter and ``python -m attention_atlas claims`` call it on the
+same stored grid. The names of :mod:`.rule`, :mod:`.cap` and :mod:`.gate` the chapter reads are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,17 +41,49 @@ from attention_atlas.verdicts import (
 
 from .analysis import Runs
 from .cap import cap_check, cap_outcome, cap_setting
-from .run import load_runs, timing_for
+from .gate import (
+    GATES,
+    MATCHED,
+    RUNAWAY,
+    Gate,
+    divergence_finding,
+    divergence_outcome,
+    gate_reason,
+    gate_table,
+    gated,
+    geometry_gate,
+    matched_dot_outcome,
+    matched_dot_verdicts,
+    mqar_matched_outcome,
+    mqar_matched_verdicts,
+)
+from .rule import SESOI, SESOI_REASON, at_scale, diverged_reason, training_scale, weakest
+from .run import load_gate_runs, load_runs, timing_for
 
 __all__ = [
+    "GATES",
+    "MATCHED",
+    "RUNAWAY",
     "SESOI",
+    "SESOI_REASON",
+    "Gate",
     "at_scale",
     "cap_check",
     "cap_outcome",
     "cap_setting",
-    "SESOI_REASON",
+    "diverged_reason",
+    "divergence_finding",
+    "divergence_outcome",
     "eq25_counterexample",
+    "gate_reason",
+    "gate_table",
+    "gated",
+    "geometry_gate",
     "matched_control",
+    "matched_dot_outcome",
+    "matched_dot_verdicts",
+    "mqar_matched_outcome",
+    "mqar_matched_verdicts",
     "outcomes",
     "outcomes_from_runs",
     "overhead_verdict",
@@ -62,77 +97,6 @@ __all__ = [
     "training_scale",
     "weakest",
 ]
-
-#: smallest effects of interest, fixed before any result was read (reasons in SESOI_REASON)
-SESOI: dict[str, float] = {
-    "sigma2": 0.05,
-    "erank": 1.0,
-    "log10_kappa": math.log10(2.0),
-    "cv": 0.05,
-    "spearman": 0.1,
-    "bpc": 0.02,
-    "overhead": math.log(1.25),
-}
-SESOI_REASON: dict[str, str] = {
-    "sigma2": "5% of the second singular value of causal attention spread evenly over the keys "
-    "each query sees (1.01 at L = 64; Conjecture 3.6's quantity): a smaller change leaves how fast "
-    "products of attention matrices contract about as it is",
-    "erank": "one dimension of the hidden states' effective rank: less is not 'keeping rank'",
-    "log10_kappa": "a factor of 2 in the mean metric strength, the width of the band "
-    "[kappa_min, kappa_max] the regularisers hold: less is neither growth nor collapse",
-    "cv": "a spread of kappa_t of 5% of its mean: less is not heterogeneity anyone would read "
-    "structure into",
-    "spearman": "a rank correlation of 0.1 explains 1% of the rank variance of the surprisal",
-    "bpc": "0.02 bits per character, 1% of the 2 bpc a trained character model reaches: the "
-    "smallest difference a character-level language-modelling comparison reports",
-    "overhead": "negligible overhead: at most 25% more time per training step than dot product, "
-    "log(1.25) in log ratio (Proposition 4.3's O(r/d) is 4/16 = 25% at the book's metric rank and "
-    "head width)",
-}
-
-
-def training_scale(runs: Runs) -> TrainingScale:
-    """The scale of the grid: steps, training characters per run, seeds, and the dot-product
-    baseline's mean validation bits per character."""
-    p = runs.params
-    return TrainingScale(
-        steps=int(p["steps"]),
-        tokens=int(p["steps"] * p["batch_size"] * p["seq_len"]),
-        seeds=len(runs.seeds),
-        baseline=float(runs.per_seed("dot", "val_bpc").mean()),
-    )
-
-
-def at_scale(v: Verdict, scale: TrainingScale) -> str:
-    """The outcome of ``v`` at the training scale ``scale``
-    (:func:`attention_atlas.verdicts.outcome_from_verdict`'s rule: below a decisive scale nothing is
-    supported or contradicted), with its effect: what the chapter says of one part of a claim."""
-    effect = f"{v.effect.format(spec='+.3g')}, " if v.effect is not None else ""
-    return effect + outcome_from_verdict(v, "", scale=scale).outcome
-
-
-def weakest(verdicts: list[Verdict]) -> Verdict:
-    """The verdict of a claim made of several parts, all needed: the first part that is
-    contradicted, else not tested, else not resolved; supported only when every part is."""
-    for outcome in ("contradicted", "not tested", "not resolved"):
-        for v in verdicts:
-            if v.outcome == outcome:
-                return v
-    return verdicts[0]
-
-
-def diverged_reason(runs: Runs, configs: Sequence[str]) -> str | None:
-    """Why a verdict comparing ``configs`` cannot be computed: those of them whose training
-    diverged at some seed (:meth:`Runs.diverged`), with the seeds and steps; None when every
-    one of them finished at every seed. A diverged run has no trained metrics to compare, and
-    dropping its seeds would compare the arms on the seeds that happened to survive."""
-    parts = []
-    for c in dict.fromkeys(configs):
-        d = runs.diverged(c)
-        if d:
-            at = ", ".join(f"seed {s} at step {t}" for s, t in sorted(d.items()))
-            parts.append(f"{c} diverged in {len(d)} of {len(runs.seeds)} seeds ({at})")
-    return "; ".join(parts) if parts else None
 
 
 # -- P1 --------------------------------------------------------------------------------------
@@ -150,7 +114,9 @@ def p1_verdict(runs: Runs) -> tuple[Verdict, dict[str, Any]]:
     """P1: the attention's sigma_2 (mean over blocks) of the strongest imposed metric minus that of
     the weakest, paired by seed, predicted to rise (collapse resisted) once the perturbation scale
     ``U-bar^2 M / tau`` of Proposition 3.5 passes 1. Not tested unless the weakest level is
-    sub-critical and the strongest super-critical (their mean scales on either side of 1)."""
+    sub-critical and the strongest super-critical (their mean scales on either side of 1), nor
+    when the strongest level's geometry fails the gate (:func:`gate_reason`; the weakest is
+    meant to be near-Euclidean)."""
     levels = p1_levels(runs)
     lo, hi = levels[min(levels)], levels[max(levels)]
     scale = {n: runs.mean_over_layers(n, "entry_scale_{l}") for n in levels.values()}
@@ -158,6 +124,9 @@ def p1_verdict(runs: Runs) -> tuple[Verdict, dict[str, Any]]:
     if diverged:
         v = verdict(None, sesoi=SESOI["sigma2"], direction=1, not_tested=diverged)
         return v, {"weakest": lo, "strongest": hi, "scale": scale}
+    inert = gated(gate_reason(runs, [hi]), SESOI["sigma2"])  # the weakest may be Euclidean
+    if inert:
+        return inert, {"weakest": lo, "strongest": hi, "scale": scale}
     effect = paired_difference(runs.mean_over_layers(hi, "sigma2_{l}"),
                                runs.mean_over_layers(lo, "sigma2_{l}"))  # fmt: skip
     s_lo, s_hi = float(scale[lo].mean()), float(scale[hi].mean())
@@ -190,10 +159,15 @@ def p2_gaps(runs: Runs) -> dict[tuple[float, float], np.ndarray]:
 
 
 def p2_verdict(runs: Runs) -> Verdict:
-    """P2: the mean over mismatched pairs of :func:`p2_gaps`, per seed, predicted positive."""
-    diverged = diverged_reason(runs, list(p2_names(runs).values()))
+    """P2: the mean over mismatched pairs of :func:`p2_gaps`, per seed, predicted positive; not
+    tested when an arm trained with the Riemannian score (alpha > 0) fails the gate."""
+    names = p2_names(runs)
+    diverged = diverged_reason(runs, list(names.values()))
     if diverged:
         return verdict(None, sesoi=SESOI["bpc"], not_tested=diverged)
+    inert = gated(gate_reason(runs, [n for a, n in names.items() if a > 0]), SESOI["bpc"])
+    if inert:
+        return inert
     gaps = p2_gaps(runs)
     if not gaps:
         return verdict(None, sesoi=SESOI["bpc"], not_tested="only one training alpha in the grid")
@@ -286,10 +260,14 @@ def p5_matched(runs: Runs, config: str = "fbt") -> tuple[np.ndarray, np.ndarray,
 def p5_verdict(runs: Runs, config: str = "fbt") -> Verdict:
     """P5: ``config``'s last-block effective rank minus the entropy-matched dot-product
     control's, paired by seed, predicted positive; not tested when, for some seed, no
-    temperature arm is as sharp (or as flat) as ``config``'s attention."""
+    temperature arm is as sharp (or as flat) as ``config``'s attention, or when ``config``'s
+    geometry fails the gate."""
     diverged = diverged_reason(runs, [config, *dot_arms(runs)])
     if diverged:
         return verdict(None, sesoi=SESOI["erank"], direction=1, not_tested=diverged)
+    inert = gated(gate_reason(runs, [config]), SESOI["erank"])
+    if inert:
+        return inert
     ent, rank, matched = p5_matched(runs, config)
     if not np.isfinite(matched).all():
         dot_ent = [runs.layer_interval(n, "entropy_{l}").mean for n in dot_arms(runs)]
@@ -312,12 +290,15 @@ def p6_names(runs: Runs) -> dict[int, str]:
 
 def p6_verdict(runs: Runs) -> Verdict:
     """P6: the last block's effective rank at the largest metric rank minus at the smallest,
-    paired by seed, predicted positive."""
+    paired by seed, predicted positive; not tested when either arm's geometry fails the gate."""
     names = p6_names(runs)
     lo, hi = names[min(names)], names[max(names)]
     diverged = diverged_reason(runs, [lo, hi])
     if diverged:
         return verdict(None, sesoi=SESOI["erank"], not_tested=diverged)
+    inert = gated(gate_reason(runs, [lo, hi]), SESOI["erank"])
+    if inert:
+        return inert
     return verdict(runs.paired(hi, lo, f"erank_{runs.n_layers}"), sesoi=SESOI["erank"])
 
 
@@ -364,12 +345,20 @@ def _training(v: Verdict, what: str, scale: TrainingScale, evidence: str, **extr
 
 
 def outcomes_from_runs(
-    runs: Runs, timing: dict[str, Any], *, evidence: str, check_size: tuple[int, int] = (8, 2)
+    runs: Runs,
+    timing: dict[str, Any],
+    *,
+    evidence: str,
+    check_size: tuple[int, int] = (8, 2),
+    gate: tuple[Runs | None, Any] = (None, None),
+    mqar: tuple[Runs | None, Any] = (None, None),
 ) -> dict[str, Outcome]:
     """The outcome of every chapter-4 claim of the register from a finished grid ``runs``, an
     interleaved ``timing`` of at least ``dot`` and ``fbt`` (:func:`fiber_bundle.step_timing`),
     and the float64 eq. (25) check at ``check_size = (d, r)``. ``evidence``: the grid's
-    provenance, recorded in each empirical outcome."""
+    provenance, recorded in each empirical outcome. ``gate``: the ``gate`` grid
+    (:func:`~.run.load_gate_runs`) the matched-dot comparison is decided on; ``mqar``: the
+    ``gate-mqar`` grid, its MQAR half (``load_gate_runs("gate-mqar")``)."""
     scale = training_scale(runs)
     p1, _ = p1_verdict(runs)
     p3, p4 = p3_verdicts(runs), p4_verdicts(runs)
@@ -430,6 +419,9 @@ def outcomes_from_runs(
             scale,
             evidence,
         ),  # fmt: skip
+        "riemannian/regularised-kappa-band": divergence_outcome(runs, scale, evidence),
+        "riemannian/fbt-vs-matched-dot": matched_dot_outcome(*gate),
+        "riemannian/fbt-vs-matched-dot-mqar": mqar_matched_outcome(*mqar),
         "riemannian/overhead": outcome_from_verdict(
             overhead,
             f"log of the time per training step over dot product's ({cost_meta.get('shape', '')}; "
@@ -448,4 +440,6 @@ def outcomes(smoke: bool = False) -> dict[str, Outcome]:
     runs, grid = load_runs(smoke=smoke, use_stored=True, log=None)
     timing = timing_for(runs, reps=3 if smoke else 5)
     return outcomes_from_runs(runs, timing, evidence=grid.provenance.text,
-                              check_size=(6, 1) if smoke else (8, 2))  # fmt: skip
+                              check_size=(6, 1) if smoke else (8, 2),
+                              gate=load_gate_runs(),
+                              mqar=load_gate_runs("gate-mqar"))  # fmt: skip
