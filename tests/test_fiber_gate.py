@@ -214,3 +214,24 @@ def test_the_divergence_finding_names_the_block_that_ran_away_and_the_log_before
     )
     assert math.isnan(f.loc[1, "runaway_step"])
     assert f.loc[1, "largest_ratio"] == pytest.approx(0.01 / 0.0044)  # block 1, the largest
+
+
+def test_the_matched_preset_is_the_unregularised_model_and_its_controls_at_a_decisive_scale() -> (
+    None
+):
+    from attention_atlas.experiments.fiber_bundle import run
+
+    grid = run.chapter_grid(**run.PRESETS["matched"])
+    assert list(grid) == ["dot", "fbt_reg-none", "dot_params", "dot_flops", "dot_time"]
+    assert grid["fbt_reg-none"]["reg"]["kind"] == "none"
+    assert grid["fbt_reg-none"]["train"]["steps"] == run.MATCHED_STEPS
+    assert grid["dot_time"]["train"]["max_time_s"] == pytest.approx(
+        run.GATE_TIME_BUDGET_S * run.MATCHED_STEPS / 400
+    )
+    # the controls are the gate preset's, at the matched preset's steps
+    gate = run.chapter_grid(**{**run.PRESETS["gate"], "steps": run.MATCHED_STEPS, "log_every": 250,
+                               "time_budget_s": run.MATCHED_TIME_BUDGET_S})  # fmt: skip
+    for name in ("dot", "fbt_reg-none", "dot_params", "dot_flops"):
+        assert grid[name] == gate[name], name
+    with pytest.raises(ValueError, match="matched_only needs dot_controls"):
+        run.chapter_grid(matched_only=True)

@@ -32,7 +32,7 @@ from attention_atlas.verdicts import (
 from .analysis import Runs
 from .mqar import MQAR_ARMS, MQAR_COMMAND
 from .rule import SESOI, at_scale, diverged_reason, training_scale, weakest
-from .run import GATE_COMMAND
+from .run import GATE_COMMAND, MATCHED_COMMAND
 
 __all__ = [
     "GATES",
@@ -318,14 +318,17 @@ def matched_dot_verdicts(runs: Runs, config: str = "fbt_reg-none") -> dict[str, 
 
 
 def matched_dot_outcome(gate_runs: Runs | None, gate_grid: Any) -> Outcome:
-    """``riemannian/fbt-vs-matched-dot`` from the stored ``gate`` grid: the weakest of
-    :func:`matched_dot_verdicts`; *not tested* (not run) while the grid is incomplete."""
+    """``riemannian/fbt-vs-matched-dot`` from a stored grid with the matched controls (the
+    ``matched`` preset, else ``gate``): the weakest of :func:`matched_dot_verdicts`; *not tested*
+    (not run) while the grid is incomplete (the message names the command that runs it)."""
+    matched = gate_grid is not None and gate_grid.provenance.preset == "matched"
+    command = MATCHED_COMMAND if matched else GATE_COMMAND
     what = "bpc, unregularised Fiber Bundle Transformer minus the dot-product model matched in "
     if gate_runs is None:
         done = 0 if gate_grid is None else len(gate_grid.records)
         total = done + (0 if gate_grid is None else len(gate_grid.missing))
-        return Outcome("not tested", f"{what}parameters, FLOPs and wall clock: the gate grid has "
-                       f"{done} of {total} cells stored; `{GATE_COMMAND}` runs the rest",
+        return Outcome("not tested", f"{what}parameters, FLOPs and wall clock: the grid has "
+                       f"{done} of {total} cells stored; `{command}` runs the rest",
                        form="superiority", reason="not run")  # fmt: skip
     vs = matched_dot_verdicts(gate_runs)
     scale = training_scale(gate_runs)
