@@ -304,13 +304,18 @@ gates = V.gate_table(runs)
 display(gates.set_index("config").round(5))
 viz.show(figs.geometry_gates(gates, GATE_SESOI, "Geometry gate, this chapter's grid"))
 unmeasured = gates.config[gates.state == "not measured"].tolist()
+# what re-running them cost when they ran (train time of every seed, diverged runs included)
+rerun_h = sum(float(np.nansum(runs.per_seed(c, "train_time_s"))) for c in unmeasured) / 3600
 active = gates.config[gates.state == "active"].tolist()
 viz.markdown(
     f"Smallest effect of interest: {GATE_SESOI:g} bpc ({V.SESOI_REASON['gate']}). In this grid "
     f"{len(active)} of {len(gates)} Fiber Bundle configurations pass the gate"
     + (f" ({', '.join(active)})" if active else "")
-    + (f"; not measured on {', '.join(unmeasured)} (`{fb.GATE_COMMAND}` measures the gate on "
-       "every configuration)" if unmeasured else "") + "."
+    + (f"; not measured on {', '.join(unmeasured)} (their cells were stored before the gate: "
+       f"`{fb.GATE_COMMAND}` measures it on every configuration at the gate grid's scale, "
+       "and `python -m attention_atlas sweep fiber-bundle --preset long --seeds 0 1 2 3 4 "
+       f"--no-resume --only {' '.join(unmeasured)}` at this grid's: {rerun_h:.0f} hours of "
+       "training as they ran here)" if unmeasured else "") + "."
 )  # fmt: skip
 if GATE_RUNS is not None:  # the smoke run: this grid itself
     gate_gates = V.gate_table(GATE_RUNS)
