@@ -112,15 +112,17 @@ def test_a_fiber_bundle_mqar_cell_records_the_accuracy_its_geometry_is_worth(
     assert "gate_acc_alpha0" not in dot and math.isfinite(dot["test_acc"])
 
 
-def _mqar_runs(fbt_acc: float, gate: float, seeds: int = 5) -> Runs:
-    """Synthetic MQAR runs: every dot arm at 0.80 test accuracy (a little seed noise), the Fiber
-    Bundle arm at ``fbt_acc`` with ``gate`` accuracy lost when its geometry is removed."""
+def _mqar_runs(fbt_acc: float, gate: float, seeds: int = 5, dot_acc: float = 0.80) -> Runs:
+    """Synthetic MQAR runs: every dot arm at ``dot_acc`` test accuracy (a little seed noise,
+    none at the ceiling of 1), the Fiber Bundle arm at ``fbt_acc`` with ``gate`` accuracy lost
+    when its geometry is removed."""
     grid = R.chapter_grid(mqar=TINY)
     rng = np.random.default_rng(0)
     rows = []
     for arm in grid:
         for s in range(seeds):
-            acc = (fbt_acc if arm == "fbt_reg-none" else 0.80) + float(rng.normal(0, 0.003))
+            base = fbt_acc if arm == "fbt_reg-none" else dot_acc
+            acc = min(1.0, base + float(rng.normal(0, 0.003)))
             row = {"config": arm, "seed": s, "test_acc": acc}
             if arm == "fbt_reg-none":
                 row |= {"gate_acc_alpha0": gate + 0.001 * s, "gate_acc_u0": gate + 0.002 * s}
@@ -151,3 +153,14 @@ def test_the_mqar_gate_table_has_the_fiber_bundle_arm_only() -> None:
     table = V.gate_table(_mqar_runs(0.90, 0.10), on="acc")
     assert table.config.tolist() == ["fbt_reg-none"] and table.state.iloc[0] == "active"
     assert table.alpha0_mean.iloc[0] == pytest.approx(0.102)
+
+
+def test_a_control_at_the_ceiling_leaves_the_comparison_not_tested_measure_saturated() -> None:
+    """Dot at 1.0 (as at chapter 9's book centre cell): no arm can be better by 0.02, so the
+    superiority test could not have supported the claim; with headroom it is decided."""
+    at_ceiling = V.mqar_matched_verdicts(_mqar_runs(0.999, 0.10, dot_acc=1.0))
+    for v in at_ceiling.values():
+        assert v.outcome == "not tested" and v.category == "measure saturated", v
+        assert "below the ceiling of 1" in v.reason
+    room = V.mqar_matched_verdicts(_mqar_runs(0.999, 0.10, dot_acc=0.97))
+    assert all(v.outcome == "supported" for v in room.values())

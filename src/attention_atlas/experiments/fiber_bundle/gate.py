@@ -357,9 +357,27 @@ def mqar_matched_verdicts(runs: Runs, config: str = "fbt_reg-none") -> dict[str,
             out[name] = verdict(None, sesoi=SESOI["test_acc"], direction=1, not_tested=diverged)
             continue
         inert = gated(gate_reason(runs, [config], on="acc"), SESOI["test_acc"], direction=1)
+        ceiling = _ceiling_reason(runs, name)
+        if inert is None and ceiling is not None:
+            out[name] = verdict(None, sesoi=SESOI["test_acc"], direction=1, not_tested=ceiling)
+            continue
         out[name] = inert or verdict(runs.paired(config, name, "test_acc"),
                                      sesoi=SESOI["test_acc"], direction=1)  # fmt: skip
     return out
+
+
+def _ceiling_reason(runs: Runs, control: str) -> str | None:
+    """Why a superiority claim over ``control`` cannot be decided on test accuracy: every seed
+    of the control is within the smallest effect of the ceiling of 1, so no arm can be better
+    by that much and the test could not have supported the claim (a saturated measure); None
+    when there is headroom."""
+    acc = runs.per_seed(control, "test_acc")
+    room = 1.0 - float(np.max(acc))
+    if np.isfinite(acc).all() and room < SESOI["test_acc"]:
+        return (f"measure saturated: {control}'s test accuracy is at least {1.0 - room:.4f} at "
+                f"every seed, less than {SESOI['test_acc']:g} below the ceiling of 1, so no arm "
+                "could have been better by the smallest effect")  # fmt: skip
+    return None
 
 
 def mqar_matched_outcome(mqar_runs: Runs | None, mqar_grid: Any) -> Outcome:
