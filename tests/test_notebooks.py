@@ -307,6 +307,8 @@ def test_chapter_4_executes_on_a_grid_with_diverged_runs_and_names_them(
 
     params = {**chapter_parameters(CH4), **chapter_smoke(CH4)}
     kwargs = {k: params[k] for k in CH4_GRID}
+    if params.get("dot_controls"):  # the smoke grid holds the matched dot controls too
+        kwargs.update(dot_controls=True, time_budget_s=params["time_budget_s"])
     folder = tmp_path / "store" / "fiber-bundle" / "book"
     grid = stored_or_run("fiber-bundle", params=kwargs, preset="book", seeds=params["seeds"],
                          use_stored=False, out_dir=folder, log=None)  # fmt: skip
