@@ -102,6 +102,8 @@ def _import_file(path: Path) -> Any:
         raise VariantError(f"variant: cannot import {str(path)!r} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # no __pycache__ beside the reader's file
     try:
         spec.loader.exec_module(module)
     except Exception as e:
@@ -109,6 +111,8 @@ def _import_file(path: Path) -> Any:
         raise VariantError(
             f"variant: importing {str(path)!r} raised {type(e).__name__}: {e}"
         ) from e
+    finally:
+        sys.dont_write_bytecode = before
     return module
 
 
