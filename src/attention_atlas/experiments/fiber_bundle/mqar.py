@@ -25,7 +25,10 @@ __all__ = [
     "MQAR_ARMS",
     "MQAR_COMMAND",
     "MQAR_KIND",
+    "MQAR_LONG",
+    "MQAR_LONG_COMMAND",
     "MQAR_TIME_BUDGET_S",
+    "mqar_command",
     "check_mqar_cell",
     "mqar_grid",
     "run_mqar_cell",
@@ -45,6 +48,22 @@ MQAR_COMMAND = (
     "python -m attention_atlas sweep fiber-bundle --preset gate-mqar --seeds 0 1 2 3 4 "
     "--workers 1 --threads 1"
 )
+#: the ``gate-mqar-long`` preset's :func:`mqar_grid` settings: chapter 9's ``long`` protocol
+#: (64 tokens, a vocabulary of 512, 1,000 steps of 32 sequences) at its hardest stored cell for
+#: the dot-product baseline, width 32 and 8 pairs, where the stored zoo grid has dot at 0.32 to
+#: 0.50 test accuracy (3 seeds), far from the ceiling the centre cell saturates. The time budget
+#: is the unregularised Fiber Bundle model's training time there, measured here (one CPU thread
+#: on an otherwise idle machine, seed 0, lr 1e-3: 78.6 s for 1,000 steps)
+MQAR_LONG = {"width": 32, "pairs": 8, "seq_len": 64, "vocab_size": 512, "steps": 1000,
+             "log_every": 100, "time_budget_s": 80.0}  # fmt: skip
+#: the command that runs the ``gate-mqar-long`` preset
+MQAR_LONG_COMMAND = MQAR_COMMAND.replace("gate-mqar", "gate-mqar-long")
+
+
+def mqar_command(preset: str | None) -> str:
+    """The command that runs the MQAR comparison's grid ``preset`` (``gate-mqar`` by default)."""
+    return MQAR_LONG_COMMAND if preset == "gate-mqar-long" else MQAR_COMMAND
+
 
 
 def mqar_grid(

@@ -47,7 +47,7 @@ from attention_atlas.validate import ConfigError, check_count, check_number, one
 
 from .analysis import Runs, analyse, explore_window
 from .controls import PTB_VOCAB, flop_ratio, matched_dot_controls, matched_dot_width
-from .mqar import MQAR_KIND, check_mqar_cell, mqar_grid, run_mqar_cell
+from .mqar import MQAR_KIND, MQAR_LONG, check_mqar_cell, mqar_grid, run_mqar_cell
 
 __all__ = [
     "EXPERIMENT",
@@ -111,7 +111,9 @@ GATE_COMMAND = (
 #: kappa_max ladder (x0.1, x1, x10, x100 tau/L, and uncapped: ``fbt_reg-none``), every other
 #: Fiber Bundle arm, each with the geometry gate (:func:`run_cell`), and the dot-product
 #: controls of :func:`dot_controls` (matched in parameters, training FLOPs, wall clock).
-#: ``gate-mqar`` is the same comparison on MQAR at chapter 9's centre cell (:func:`.mqar.mqar_grid`).
+#: ``gate-mqar`` is the same comparison on MQAR at chapter 9's centre cell (:func:`.mqar.mqar_grid`),
+#: where every dot-product control reaches the ceiling; ``gate-mqar-long`` is it by chapter 9's
+#: long protocol at the cell where the dot-product baseline is far from it (:data:`.mqar.MQAR_LONG`).
 #: ``matched`` is the char-PTB comparison alone (``dot``, ``fbt_reg-none`` and its three
 #: dot-product controls) at :data:`MATCHED_STEPS`, a scale where the baseline leaves the bigram
 #: regime and the verdict can be decisive.
@@ -129,6 +131,7 @@ PRESETS: dict[str, dict[str, Any]] = {
              "kappa_factors": [0.1, 10.0, 100.0], "dot_temperatures": [2.0, 0.5],
              "dot_controls": True, "time_budget_s": GATE_TIME_BUDGET_S},
     "gate-mqar": {"mqar": {}},
+    "gate-mqar-long": {"mqar": MQAR_LONG},
     "matched": {"steps": MATCHED_STEPS, "dim": 64, "n_heads": 4, "batch_size": 16, "seq_len": 64,
                 "log_every": 250, "analyse_seqs": 32, "final_eval_batches": 16,
                 "dot_controls": True, "time_budget_s": MATCHED_TIME_BUDGET_S,
