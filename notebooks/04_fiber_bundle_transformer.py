@@ -160,9 +160,15 @@ timing = fb.timing_for(runs, reps=time_reps, variants=("fbt", "ranks", "phases",
 GATE_RUNS, GATE_GRID = (runs, stored) if dot_controls else fb.load_gate_runs()
 # the matched comparison at a decisive scale (the stored `matched` grid; before it, the gate grid)
 MATCHED_RUNS, MATCHED_GRID = (runs, stored) if dot_controls else V.matched_grid()
-# its MQAR half: run now with mqar_params (the smoke run), else the stored gate-mqar grid
-MQAR_RUNS, MQAR_GRID = fb.load_gate_runs(
-    "gate-mqar", **({"params": {"mqar": mqar_params}, "seeds": seeds} if mqar_params else {})
+# its MQAR half: run now with mqar_params (the smoke run), else the stored grid it is decided on
+# (gate-mqar-long; before it, gate-mqar) and beside it chapter 9's centre cell (gate-mqar)
+if mqar_params:
+    MQAR_RUNS, MQAR_GRID = fb.load_gate_runs("gate-mqar", params={"mqar": mqar_params}, seeds=seeds)
+else:
+    MQAR_RUNS, MQAR_GRID = V.mqar_claim_grid()
+MQAR_PRESET = MQAR_GRID.provenance.preset if MQAR_GRID is not None else "gate-mqar"
+CENTRE_RUNS, _ = (
+    (None, None) if mqar_params or MQAR_PRESET == "gate-mqar" else fb.load_gate_runs("gate-mqar")
 )
 OUT = V.outcomes_from_runs(runs, timing, evidence=PROVENANCE, gate=(MATCHED_RUNS, MATCHED_GRID),
                            mqar=(MQAR_RUNS, MQAR_GRID))  # fmt: skip
@@ -303,7 +309,7 @@ GATE_SESOI = V.SESOI["gate"]
 gates = V.gate_table(runs)
 display(gates.set_index("config").round(5))
 viz.show(figs.geometry_gates(gates, GATE_SESOI, "Geometry gate, this chapter's grid"))
-unmeasured = gates.config[gates.state == "not measured"].tolist()
+unmeasured = V.ungated(runs)  # cells stored before the gate, on some seed that trained
 # what re-running them cost when they ran (train time of every seed, diverged runs included)
 rerun_h = sum(float(np.nansum(runs.per_seed(c, "train_time_s"))) for c in unmeasured) / 3600
 active = gates.config[gates.state == "active"].tolist()
@@ -311,11 +317,10 @@ viz.markdown(
     f"Smallest effect of interest: {GATE_SESOI:g} bpc ({V.SESOI_REASON['gate']}). In this grid "
     f"{len(active)} of {len(gates)} Fiber Bundle configurations pass the gate"
     + (f" ({', '.join(active)})" if active else "")
-    + (f"; not measured on {', '.join(unmeasured)} (their cells were stored before the gate: "
-       f"`{fb.GATE_COMMAND}` measures it on every configuration at the gate grid's scale, "
-       "and `python -m attention_atlas sweep fiber-bundle --preset long --seeds 0 1 2 3 4 "
-       f"--no-resume --only {' '.join(unmeasured)}` at this grid's: {rerun_h:.0f} hours of "
-       "training as they ran here)" if unmeasured else "") + "."
+    + (f"; a gate measurement is missing on {', '.join(unmeasured)} (cells stored before the "
+       f"gate: `{fb.GATE_COMMAND}` measures it on every configuration at the gate grid's scale, "
+       f"and `{fb.long_regate_command(unmeasured)}` at this grid's, resumable across sessions: "
+       f"{rerun_h:.0f} hours of training as they ran here)" if unmeasured else "") + "."
 )  # fmt: skip
 if GATE_RUNS is not None:  # the smoke run: this grid itself
     gate_gates = V.gate_table(GATE_RUNS)
@@ -710,26 +715,42 @@ else:
 #
 # Bits per character reward a model that predicts text; multi-query associative recall asks
 # whether attention can bind a key to its value and find it again. The same five arms on MQAR
-# at chapter 9's centre cell and by its protocol (`fiber_bundle.mqar`: width 64, 4 pairs,
-# 32 tokens, a vocabulary of 64, 300 steps of 32 sequences, token shift, no MLP, each arm's
-# learning rate chosen from {1e-3, 3e-3, 1e-2} by validation accuracy on one seed), decided on
-# test accuracy with chapter 9's smallest effect, and gated on MQAR: the test accuracy the
-# Fiber Bundle model loses when its geometry is removed at evaluation.
+# by chapter 9's protocol (`fiber_bundle.mqar`: token shift, no MLP, batches of 32 sequences,
+# each arm's learning rate chosen from {1e-3, 3e-3, 1e-2} by validation accuracy on one seed),
+# decided on test accuracy with chapter 9's smallest effect, and gated on MQAR: the test
+# accuracy the Fiber Bundle model loses when its geometry is removed at evaluation. At chapter
+# 9's centre cell (width 64, 4 pairs, 32 tokens, a vocabulary of 64, 300 steps; the `gate-mqar`
+# preset) every dot-product control reaches the ceiling, where no arm can be better by the
+# smallest effect; so the comparison is decided at the cell of chapter 9's long protocol where
+# the dot-product baseline is farthest from it (width 32, 8 pairs, 64 tokens, a vocabulary of
+# 512, 1,000 steps; the `gate-mqar-long` preset, `fiber_bundle.mqar.MQAR_LONG`).
 
 
 # %%
-def mqar_row(arm):
-    """One arm of the MQAR comparison: test accuracy over seeds, cost and learning rate."""
-    return {"test acc": MQAR_RUNS.interval(arm, "test_acc").format(3),
-            "parameters": int(MQAR_RUNS.per_seed(arm, "params_total")[0]),
-            "steps": int(np.mean(MQAR_RUNS.per_seed(arm, "steps_done"))),
-            "train s": float(np.mean(MQAR_RUNS.per_seed(arm, "train_time_s"))),
-            "lr": float(MQAR_RUNS.per_seed(arm, "lr")[0])}  # fmt: skip
+def mqar_row(mruns, arm):
+    """One arm of an MQAR comparison: test accuracy over seeds, cost and learning rate."""
+    return {"test acc": mruns.interval(arm, "test_acc").format(3),
+            "parameters": int(mruns.per_seed(arm, "params_total")[0]),
+            "steps": int(np.mean(mruns.per_seed(arm, "steps_done"))),
+            "train s": float(np.mean(mruns.per_seed(arm, "train_time_s"))),
+            "lr": float(mruns.per_seed(arm, "lr")[0])}  # fmt: skip
 
+
+if CENTRE_RUNS is not None:  # the centre cell: why the comparison moved to the long cell
+    display(pd.DataFrame({a: mqar_row(CENTRE_RUNS, a) for a in CENTRE_RUNS.finished()}).T)
+    centre_dot = min(float(np.min(CENTRE_RUNS.per_seed(a, "test_acc")))
+                     for a in ["dot", *V.MATCHED] if a in CENTRE_RUNS.finished())  # fmt: skip
+    viz.markdown(
+        f"At the centre cell ({CENTRE_RUNS.command}, {len(CENTRE_RUNS.seeds)} seeds) the lowest "
+        f"test accuracy of any dot-product arm at any seed is {centre_dot:.4f}: "
+        + (f"within {V.SESOI['test_acc']:g} of the ceiling, the measure is saturated there."
+           if 1.0 - centre_dot < V.SESOI["test_acc"] else
+           f"more than {V.SESOI['test_acc']:g} below the ceiling, room for the smallest effect.")
+    )  # fmt: skip
 
 if MQAR_RUNS is not None:
-    mqar_arms = [a for a in MQAR_RUNS.grid if not MQAR_RUNS.diverged(a)]
-    display(pd.DataFrame({a: mqar_row(a) for a in mqar_arms}).T)
+    mqar_arms = MQAR_RUNS.finished()
+    display(pd.DataFrame({a: mqar_row(MQAR_RUNS, a) for a in mqar_arms}).T)
     mqar_gates = V.gate_table(MQAR_RUNS, on="acc")
     viz.show(figs.geometry_gates(mqar_gates, V.SESOI["gate_acc"], "Geometry gate on MQAR",
                                  unit="test accuracy lost"))  # fmt: skip
@@ -748,11 +769,12 @@ if MQAR_RUNS is not None:
 elif MQAR_GRID is not None:
     viz.markdown(f"The MQAR comparison is not complete: {len(MQAR_GRID.records)} of "
                  f"{len(MQAR_GRID.records) + len(MQAR_GRID.missing)} cells are stored "
-                 f"(`{M.MQAR_COMMAND}` runs the rest; this chapter never runs it). Outcome: "
+                 f"(`{M.mqar_command(MQAR_PRESET)}` runs the rest; this chapter never runs it). "
+                 "Outcome: "
                  f"{outcome_line('riemannian/fbt-vs-matched-dot-mqar')}.")  # fmt: skip
 else:
     viz.markdown(
-        f"No MQAR comparison is stored: `{M.MQAR_COMMAND}` runs it. Outcome: "
+        f"No MQAR comparison is stored: `{M.MQAR_LONG_COMMAND}` runs it. Outcome: "
         f"{outcome_line('riemannian/fbt-vs-matched-dot-mqar')}."
     )
 

@@ -235,3 +235,28 @@ def test_the_matched_preset_is_the_unregularised_model_and_its_controls_at_a_dec
         assert grid[name] == gate[name], name
     with pytest.raises(ValueError, match="matched_only needs dot_controls"):
         run.chapter_grid(matched_only=True)
+
+
+def test_ungated_lists_arms_missing_a_gate_on_a_trained_seed_and_spares_the_rest() -> None:
+    """A cell stored before the gate (no ``gate_u0``) is listed; the alpha-0 arm (Euclidean by
+    design) and an arm diverged at every seed are not; a diverged seed does not count."""
+    import numpy as np
+
+    from attention_atlas.experiments.fiber_bundle import run as R
+    from attention_atlas.experiments.fiber_bundle import verdicts as V
+
+    runs = _runs({"alpha0": [1e-5, 2e-5, 3e-5], "u0": [1e-4, 2e-4, 1e-4]})
+    assert V.ungated(runs) == []
+    df = runs.df.copy()
+    df.loc[df.config == "fbt", "gate_u0"] = np.nan  # stored before the gate
+    df.loc[df.config == "fbt_alpha-0", "gate_u0"] = np.nan
+    old = type(runs)(runs.grid, runs.seeds, df, {}, 2, "cmd")
+    assert V.ungated(old) == ["fbt"]
+    df2 = df.assign(diverged_step=np.where((df.config == "fbt") & (df.seed == 1), 300.0, np.nan))
+    df2.loc[(df2.config == "fbt") & (df2.seed != 1), "gate_u0"] = 0.0  # re-run: seed 1 diverged
+    assert V.ungated(type(runs)(runs.grid, runs.seeds, df2, {}, 2, "cmd")) == []
+    df3 = df.assign(diverged_step=np.where(df.config == "fbt", 300.0, np.nan))
+    assert V.ungated(type(runs)(runs.grid, runs.seeds, df3, {}, 2, "cmd")) == []
+    line = R.long_regate_command(["fbt", "fbt_rank-8"])
+    assert "--preset long" in line and "--only fbt fbt_rank-8" in line
+    assert f"--redo-before {R.GATE_SINCE}" in line and "--no-resume" not in line

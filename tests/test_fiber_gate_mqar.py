@@ -164,3 +164,56 @@ def test_a_control_at_the_ceiling_leaves_the_comparison_not_tested_measure_satur
         assert "below the ceiling of 1" in v.reason
     room = V.mqar_matched_verdicts(_mqar_runs(0.999, 0.10, dot_acc=0.97))
     assert all(v.outcome == "supported" for v in room.values())
+
+
+def test_the_long_mqar_preset_is_chapter_9s_long_protocol_at_its_hardest_cell() -> None:
+    """``gate-mqar-long``: chapter 9's long protocol (64 tokens, vocabulary 512, 1,000 steps of
+    32 sequences, the same learning rates) at width 32 and 8 pairs; every arm passes its checks,
+    and the time-matched arm's budget is the stated measurement."""
+    from attention_atlas.experiments.zoo.run import PRESETS as ZOO
+
+    assert R.PRESETS["gate-mqar-long"] == {"mqar": M.MQAR_LONG}
+    g = R.chapter_grid(**R.PRESETS["gate-mqar-long"])
+    long = ZOO["long"]
+    fbt = g["fbt_reg-none"]
+    assert (fbt["model"]["dim"], fbt["task"]["n_pairs"]) == (32, 8)
+    assert 32 in long["widths"] and 8 in long["pairs"]
+    assert (
+        fbt["task"]["seq_len"] == long["seq_len"]
+        and fbt["task"]["vocab_size"] == long["vocab_size"]
+    )
+    assert (
+        fbt["train"]["steps"] == long["steps"] and fbt["train"]["batch_size"] == long["batch_size"]
+    )
+    assert g["dot_time"]["train"]["max_time_s"] == M.MQAR_LONG["time_budget_s"] == 80.0
+    for p in g.values():
+        R.check_cell(p)
+    assert M.mqar_command("gate-mqar-long") == M.MQAR_LONG_COMMAND != M.mqar_command(None)
+    assert "--preset gate-mqar-long " in M.MQAR_LONG_COMMAND
+
+
+def test_the_mqar_claim_is_decided_on_the_long_grid_once_it_is_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The long grid (started) decides; before it, the centre grid; an incomplete long grid
+    leaves the claim not tested, naming the command that runs the rest."""
+    from types import SimpleNamespace
+
+    calls: list[str] = []
+
+    def fake(preset: str = "gate") -> tuple[Any, Any]:
+        calls.append(preset)
+        grid = SimpleNamespace(
+            records=[1, 2], missing=[3], provenance=SimpleNamespace(preset=preset)
+        )
+        return (None, grid) if preset == "gate-mqar-long" else ("centre", grid)
+
+    monkeypatch.setattr(V, "load_gate_runs", fake)
+    runs, grid = V.mqar_claim_grid()
+    assert runs is None and grid.provenance.preset == "gate-mqar-long"
+    out = V.mqar_matched_outcome(runs, grid)
+    assert out.outcome == "not tested" and "2 of 3 cells" in out.summary
+    assert M.MQAR_LONG_COMMAND in out.summary
+    monkeypatch.setattr(V, "load_gate_runs", lambda preset="gate": (None, None)
+                        if preset == "gate-mqar-long" else ("centre", None))  # fmt: skip
+    assert V.mqar_claim_grid()[0] == "centre"

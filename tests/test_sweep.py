@@ -28,7 +28,9 @@ from attention_atlas.store.records import (
     CellLocks,
     canonical,
     config_hash,
+    dumps_record,
     read_records,
+    seal,
     write_atomic,
 )
 from attention_atlas.sweep.runner import Cell, cell_key, load_results, make_cells, run_sweep
@@ -242,6 +244,32 @@ def test_a_failed_sweep_resumes_with_the_cells_it_did_not_finish(tmp_path: Path)
     assert calls == [0, 1, 2, 2, 3] and list(df["value"]) == [0, 1, 2, 3]
 
 
+def test_redo_before_reruns_only_records_older_than_it_and_resumes(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    calls: list[int] = []
+
+    def run(params: dict, seed: int) -> dict:
+        calls.append(seed)
+        return {"value": seed + 100 * len(calls)}
+
+    cells = [Cell("a", s, {}) for s in range(3)]
+    first = run_sweep(cells, run, tmp_path, log=None)
+    assert calls == [0, 1, 2]
+    record = tmp_path / "cells" / f"{cell_key(cells[1])}.json"  # seed 1: stored a day earlier
+    old = json.loads(record.read_text())
+    old["provenance"]["finished"] = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    write_atomic(record, dumps_record(seal(old)))
+    cut = datetime.now(UTC) - timedelta(hours=1)
+    again = run_sweep(cells, run, tmp_path, log=None, redo_before=cut)
+    assert calls == [0, 1, 2, 1]  # only the older record ran again, and was replaced
+    assert list(again["value"]) == [first["value"][0], 401, first["value"][2]]
+    run_sweep(cells, run, tmp_path, log=None, redo_before=cut)
+    assert calls == [0, 1, 2, 1]  # the same command again: the re-run record is kept
+    with pytest.raises(ValueError, match="time zone aware"):
+        run_sweep(cells, run, tmp_path, log=None, redo_before=datetime(2026, 1, 1))
+
+
 def test_a_record_holds_metrics_params_and_provenance(tmp_path: Path) -> None:
     cell = make_cells(toy.chapter_grid(steps=3, dims=[8]), [5])[0]
     prov = {"command": "python -m attention_atlas sweep toy", "experiment": "toy", "preset": "x"}
@@ -375,6 +403,8 @@ def test_the_command_line_keeps_its_flags_and_records_the_command(tmp_path: Path
     assert rec["provenance"]["command"] == (
         f"python -m attention_atlas sweep toy --preset smoke --seeds 3 -p steps=2 --only dim-8 --out {out}"
     )
+    assert main([*argv, "--redo-before", "2000-01-01"]) == 0  # stored since: kept as it is
+    assert read_records(out) == [rec]
     assert main([*argv, "--no-resume"]) == 0
     (again,) = read_records(out)
     assert again["provenance"]["finished"] >= rec["provenance"]["finished"]
@@ -399,6 +429,8 @@ def test_the_cluster_backend_needs_an_importable_cell_function(tmp_path: Path) -
         (["--gpus-per-cell", "-1"], "--gpus-per-cell must be at least 0, got -1"),
         (["--backend", "dask", "--scheduler-file", "/nonexistent.json"], "no scheduler address"),
         (["-p", "steps=9"], "holds another grid of toy (dim-8: steps 5 -> 9)"),
+        (["--redo-before", "yesterday"], "--redo-before: expected an ISO 8601 time"),
+        (["--redo-before", "2026-12-07", "--no-resume"], "cannot go with --no-resume"),
     ],
 )
 def test_the_command_line_refuses_bad_backend_settings_before_running(

@@ -9,6 +9,7 @@ import inspect
 import json
 import math
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,10 @@ def add_subcommand(subparsers: Any) -> None:
         help="override a grid parameter (JSON value), e.g. -p steps=500 -p ablations=true",
     )  # fmt: skip
     p.add_argument("--no-resume", action="store_true", help="re-run finished cells")
+    p.add_argument("--redo-before", default=None, metavar="TIME",
+                   help="re-run (and replace) stored cells that finished before TIME (ISO 8601, "
+                        "e.g. 2026-12-07 or 2026-12-07T18:00:00+00:00; UTC when no zone is "
+                        "given); cells stored since are kept, so the same command resumes")  # fmt: skip
     p.add_argument("--join", action="store_true",
                    help="share the cells of a sweep of the same grid already running into this "
                         "folder (without it, a folder in use is refused, naming its holder)")  # fmt: skip
@@ -137,6 +142,7 @@ def run(args: Any) -> int:
             )
         out = args.out or str(store_dir(args.experiment, args.preset))
         check_output_path(out, "--out", folder=True)
+        args.redo_before = _redo_before(args.redo_before, args.no_resume)
         return mod, kwargs, grid, out
 
     mod, kwargs, grid, out = checked()
@@ -145,6 +151,21 @@ def run(args: Any) -> int:
     print(f"sweep {args.experiment} preset={args.preset} {kwargs}: {len(grid)} configurations "
           f"x {len(args.seeds)} seeds -> {out}")  # fmt: skip
     return _run_cli_sweep(args, kwargs, out)
+
+
+def _redo_before(text: str | None, no_resume: bool) -> datetime | None:
+    """``--redo-before``'s time (UTC when it names no zone), checked (ConfigError, one line)."""
+    if text is None:
+        return None
+    if no_resume:
+        raise ConfigError("--redo-before re-runs only older cells: it cannot go with --no-resume, "
+                          "which re-runs every cell")  # fmt: skip
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--redo-before: expected an ISO 8601 time such as 2026-12-07 or "
+                          f"2026-12-07T18:00:00+00:00, got {text!r}") from None  # fmt: skip
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _run_cli_sweep(args: Any, kwargs: dict[str, Any], out: str) -> int:
@@ -204,5 +225,5 @@ def _run_grid_from_cli(args: Any, kwargs: dict[str, Any], address: str | None) -
         out_dir=args.out, resume=not args.no_resume, threads=args.threads, backend=args.backend,
         workers=args.workers, address=address, gpus_per_cell=args.gpus_per_cell,
         progress=False if args.no_progress else None, compile=args.compile,
-        checkpoint_every=args.checkpoint_every, native=args.native,
+        checkpoint_every=args.checkpoint_every, native=args.native, redo_before=args.redo_before,
     )  # fmt: skip

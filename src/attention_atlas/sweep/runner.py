@@ -35,7 +35,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -112,6 +112,7 @@ def run_sweep(
     checkpoint_every: int = 0,
     native: bool = False,
     on_record: Callable[[], None] | None = None,
+    redo_before: datetime | None = None,
 ) -> pd.DataFrame:
     """Run every cell not already finished under ``out_dir``; return all their results.
 
@@ -141,6 +142,10 @@ def run_sweep(
             recorded (``native``, ``native_level``) as ``compile`` is.
         on_record: called after each record this runner writes (the experiment runner writes
             its grid manifest on the first).
+        redo_before: with ``resume``, a stored record that finished before this time (aware
+            datetime) counts as not finished: it is run again, from its checkpoints when a
+            killed run left some, and overwritten. A record written since is kept, so the same
+            command resumes such a re-run across sessions (``--no-resume`` would start it over).
 
     Returns:
         The results of ``cells`` (in order), with columns ``config``, ``seed``, ``key``,
@@ -157,7 +162,10 @@ def run_sweep(
             raise ValueError("run_cell must be importable (defined in a module) to run in workers")
     context = {"command": None, "experiment": None, "preset": None, **(provenance or {}),
                **git_state(), "backend": backend}  # fmt: skip
-    todo = [(c, k) for c, k in zip(cells, keys) if not (resume and _path(root, k).exists())]
+    if redo_before is not None and (not resume or redo_before.tzinfo is None):
+        raise ValueError("redo_before: expected a time zone aware datetime and resume=True")
+    done = _Done(root, redo_before if resume else None)
+    todo = [(c, k) for c, k in zip(cells, keys) if not (resume and done(k))]
     for k in keys:  # this grid's stored records: a damaged one is refused before any work
         if resume and _path(root, k).exists():
             load_record(_path(root, k))
@@ -178,8 +186,8 @@ def run_sweep(
     exe = make_backend(backend, workers, address, threads, gpus_per_cell)
     ok = False
     try:
-        n_run = _drive(todo, run_cell, exe, locks, root, context, resume, how,
-                       max_attempts, bar, say, on_record)  # fmt: skip
+        n_run = _drive(todo, run_cell, exe, locks, root, context, done if resume else None,
+                       how, max_attempts, bar, say, on_record)  # fmt: skip
         ok = True
     finally:
         exe.close(abort=not ok)
@@ -196,6 +204,22 @@ def _path(root: Path, key: str) -> Path:
     return root / "cells" / f"{key}.json"
 
 
+class _Done:
+    """Whether a cell's record is stored, and (with ``before``) finished at or after it."""
+
+    def __init__(self, root: Path, before: datetime | None) -> None:
+        self.root, self.before = root, before
+
+    def __call__(self, key: str) -> bool:
+        path = _path(self.root, key)
+        if not path.exists():
+            return False
+        if self.before is None:
+            return True
+        finished = (load_record(path).get("provenance") or {}).get("finished")
+        return finished is not None and datetime.fromisoformat(finished) >= self.before
+
+
 def _drive(
     todo: list[tuple[Cell, str]],
     run_cell: Callable[[dict[str, Any], int], dict[str, Any]],
@@ -203,7 +227,7 @@ def _drive(
     locks: CellLocks,
     root: Path,
     context: dict[str, Any],
-    resume: bool,
+    done: Callable[[str], bool] | None,
     how: CellRun,
     max_attempts: int,
     bar: Any,
@@ -211,9 +235,13 @@ def _drive(
     on_record: Callable[[], None] | None = None,
 ) -> int:
     """Submit cells as capacity allows, write each record as it returns; cells locked by
-    another runner wait until it finishes them (or its lock goes stale); ``how`` runs each cell
-    (a cell run again with ``resume`` False starts afresh, its checkpoints removed). Returns
-    cells run."""
+    another runner wait until it finishes them (or its lock goes stale); ``how`` runs each cell.
+    ``done`` says whether a cell is finished (None: re-run every cell, afresh, its checkpoints
+    removed; ``--no-resume``). Returns cells run."""
+
+    def finished(key: str) -> bool:
+        return done is not None and done(key)
+
     pending = deque(todo)
     waiting: list[tuple[Cell, str]] = []
     inflight: dict[Any, tuple[Cell, str]] = {}
@@ -222,15 +250,15 @@ def _drive(
     while pending or inflight or waiting:
         while pending and len(inflight) < exe.capacity():
             cell, key = pending.popleft()
-            if resume and _path(root, key).exists():
+            if finished(key):
                 bar.update(1)  # another runner finished it
             elif not locks.try_acquire(key):
                 waiting.append((cell, key))
-            elif resume and _path(root, key).exists():
+            elif finished(key):
                 locks.release(key)
                 bar.update(1)
             else:
-                if (folder := how.folder(key)) is not None and not resume:  # start afresh
+                if (folder := how.folder(key)) is not None and done is None:  # start afresh
                     shutil.rmtree(folder, ignore_errors=True)
                 fut = exe.submit(execute_cell, run_cell, cell.params, cell.seed, *how.args(key))
                 inflight[fut] = (cell, key)
@@ -259,7 +287,10 @@ def _drive(
             if len(text) > MAX_RECORD_BYTES:
                 say(f"[sweep] warning: the record of {cell.config} seed={cell.seed} is "
                     f"{len(text) / 1e6:.1f} MB; the results store is for metrics, not weights")  # fmt: skip
-            written = write_atomic(_path(root, key), text, overwrite=not resume)
+            # a re-run (no resume, or a record older than redo_before) replaces the old record;
+            # one another runner wrote meanwhile is kept
+            written = write_atomic(_path(root, key), text, overwrite=done is None or (
+                _path(root, key).exists() and not done(key)))  # fmt: skip
             locks.release(key)
             n_run += int(written)
             if written and on_record is not None:
@@ -271,8 +302,6 @@ def _drive(
 
 
 def _record(cell: Cell, key: str, out: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    from datetime import datetime
-
     def iso(t: float) -> str:
         return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 

@@ -43,6 +43,7 @@ __all__ = [
     "chapter_grid",
     "check_cell",
     "fatal_failures",
+    "model_with",
     "run_cell",
 ]
 

@@ -65,7 +65,7 @@ def contract_frame(records: Mapping[tuple[str, int], Mapping[str, Any]]) -> pd.D
     for (config, seed), rec in sorted(records.items(), key=lambda kv: kv[0][1]):
         if config != "contract":
             continue
-        for c in rec["metrics"]["checks"] if "metrics" in rec else rec["checks"]:
+        for c in rec["checks"]:
             row = rows.setdefault(c["check"], {"check": c["check"], "passed": c["passed"],
                                                "failed at seeds": [], "detail": c["detail"]})  # fmt: skip
             if c["passed"] is False:
@@ -90,8 +90,7 @@ def probe_table(records: Mapping[tuple[str, int], Mapping[str, Any]], kind: str)
     for (config, seed), rec in records.items():
         if config != kind:
             continue
-        m = rec.get("metrics", rec)
-        t = pd.DataFrame(m.get("table", []))
+        t = pd.DataFrame(rec.get("table", []))
         if len(t):
             t["seed"] = seed
             frames.append(t)

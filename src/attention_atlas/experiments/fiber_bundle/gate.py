@@ -30,7 +30,7 @@ from attention_atlas.verdicts import (
 )
 
 from .analysis import Runs
-from .mqar import MQAR_ARMS, MQAR_COMMAND
+from .mqar import MQAR_ARMS, mqar_command
 from .rule import SESOI, at_scale, diverged_reason, training_scale, weakest
 from .run import GATE_COMMAND, MATCHED_COMMAND
 
@@ -47,6 +47,7 @@ __all__ = [
     "gated",
     "geometry_gate",
     "matched_dot_outcome",
+    "ungated",
     "matched_dot_verdicts",
     "mqar_matched_outcome",
     "mqar_matched_verdicts",
@@ -148,6 +149,25 @@ def gate_table(runs: Runs, on: str = "bpc") -> pd.DataFrame:
             row.update({f"{w}_mean": m, f"{w}_low": lo, f"{w}_high": hi})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def ungated(runs: Runs) -> list[str]:
+    """The Fiber Bundle configurations of a char-PTB grid that lack a gate measurement
+    (``alpha -> 0`` or ``U -> 0``) on some seed that trained: cells stored before the gate.
+    Left out: arms trained at ``alpha = 0`` (Euclidean by design: removing a geometry they do not
+    use changes nothing) and arms diverged at every seed (no model to evaluate)."""
+    out = []
+    df = runs.df
+    for name, p in runs.grid.items():
+        if p["kind"] != "fbt" or float(p["model"].get("alpha", 1.0)) == 0.0:
+            continue
+        trained = df[(df.config == name) & ~df.seed.isin(list(runs.diverged(name)))]
+        cols = [f"gate_{w}" for w in GATES]
+        if len(trained) and any(
+            c not in trained or not np.isfinite(trained[c]).all() for c in cols
+        ):
+            out.append(name)
+    return out
 
 
 def gate_reason(runs: Runs, configs: Sequence[str], on: str = "bpc") -> Verdict | None:
@@ -341,16 +361,18 @@ def matched_dot_outcome(gate_runs: Runs | None, gate_grid: Any) -> Outcome:
 # -- the same comparison on MQAR ----------------------------------------------------------------
 
 
-def mqar_matched_verdicts(runs: Runs, config: str = "fbt_reg-none") -> dict[str, Verdict]:
+def mqar_matched_verdicts(runs: Runs, config: str = "fbt_reg-none",
+                          command: str = mqar_command(None)) -> dict[str, Verdict]:  # fmt: skip
     """Per matched control of the MQAR grid (:data:`MATCHED`, :func:`~.mqar.mqar_grid`):
     ``config``'s test accuracy minus the control's, paired by seed, predicted higher by
     ``SESOI["test_acc"]`` (chapter 9's); not tested when an arm diverged, ``config``'s geometry
-    fails the gate on MQAR (:func:`gate_reason` ``on="acc"``), or the control is absent."""
+    fails the gate on MQAR (:func:`gate_reason` ``on="acc"``), the control is at the ceiling,
+    or it is absent (``command``: what runs it)."""
     out = {}
     for name in MATCHED:
         if name not in runs.grid:
             out[name] = verdict(None, sesoi=SESOI["test_acc"], direction=1,
-                                not_tested=f"{name} is not in this grid; `{MQAR_COMMAND}` runs it")  # fmt: skip
+                                not_tested=f"{name} is not in this grid; `{command}` runs it")  # fmt: skip
             continue
         diverged = diverged_reason(runs, [config, name])
         if diverged:
@@ -381,19 +403,22 @@ def _ceiling_reason(runs: Runs, control: str) -> str | None:
 
 
 def mqar_matched_outcome(mqar_runs: Runs | None, mqar_grid: Any) -> Outcome:
-    """``riemannian/fbt-vs-matched-dot-mqar`` from the stored ``gate-mqar`` grid: the weakest of
-    :func:`mqar_matched_verdicts`; *not tested* (not run) while the grid is incomplete. No
-    training scale applies (MQAR has no bigram regime): the rule decides at face value."""
+    """``riemannian/fbt-vs-matched-dot-mqar`` from a stored MQAR grid (``gate-mqar-long``, else
+    ``gate-mqar``): the weakest of :func:`mqar_matched_verdicts`; *not tested* (not run) while
+    the grid is incomplete. No training scale applies (MQAR has no bigram regime): the rule
+    decides at face value."""
     what = ("MQAR test accuracy, unregularised Fiber Bundle Transformer minus the dot-product "
             "model matched in ")  # fmt: skip
+    preset = None if mqar_grid is None else mqar_grid.provenance.preset
+    command = mqar_command(preset)
     if mqar_runs is None:
         done = 0 if mqar_grid is None else len(mqar_grid.records)
         total = done + (0 if mqar_grid is None else len(mqar_grid.missing))
         total = total or len(MQAR_ARMS) * 5
-        return Outcome("not tested", f"{what}parameters, FLOPs and wall clock: the gate-mqar grid "
-                       f"has {done} of {total} cells stored; `{MQAR_COMMAND}` runs the rest",
-                       form="superiority", reason="not run")  # fmt: skip
-    vs = mqar_matched_verdicts(mqar_runs)
+        return Outcome("not tested", f"{what}parameters, FLOPs and wall clock: the "
+                       f"{preset or 'gate-mqar'} grid has {done} of {total} cells stored; "
+                       f"`{command}` runs the rest", form="superiority", reason="not run")  # fmt: skip
+    vs = mqar_matched_verdicts(mqar_runs, command=command)
     detail = "; ".join(f"{MATCHED[n]}: {_stated(v)}" for n, v in vs.items())
     return outcome_from_verdict(weakest(list(vs.values())), f"{what}parameters, training FLOPs "
                                 f"and wall clock, the weakest ({detail})", scale=None,

@@ -65,7 +65,6 @@ def mqar_command(preset: str | None) -> str:
     return MQAR_LONG_COMMAND if preset == "gate-mqar-long" else MQAR_COMMAND
 
 
-
 def mqar_grid(
     *,
     width: int = 64,
