@@ -760,12 +760,39 @@ if MQAR_RUNS is not None:
                       for a in V.MATCHED if a in mqar_arms and "fbt_reg-none" in mqar_arms)  # fmt: skip
     viz.markdown(
         f"On MQAR ({MQAR_RUNS.command}, {len(MQAR_RUNS.seeds)} seeds) the unregularised Fiber "
-        f"Bundle Transformer reaches test accuracy {fbt_acc.format(3)}; its lead over the "
+        f"Bundle Transformer reaches test accuracy {fbt_acc.format(3)} (per seed "
+        f"{', '.join(f'{x:.3f}' for x in MQAR_RUNS.per_seed('fbt_reg-none', 'test_acc'))}); its lead over the "
         f"dot-product model matched in {diffs or 'nothing (an arm diverged)'} (paired by seed). "
         f"Removing its geometry at evaluation costs {g_mqar.text()} (gate {g_mqar.state}, "
         f"smallest effect {V.SESOI['gate_acc']:g}: {V.SESOI_REASON['gate_acc']}). Outcome: "
         f"{outcome_line('riemannian/fbt-vs-matched-dot-mqar')}."
     )
+    # chapter 9's stored cell of the same shape, its learning rates chosen at its centre cell
+    cell = MQAR_RUNS.grid["fbt_reg-none"]
+    zoo = M.stored_zoo_cell(cell["model"]["dim"], cell["task"]["n_pairs"])
+    if MQAR_PRESET == "gate-mqar-long" and set(zoo) == {"dot", "fiber_bundle"}:
+        here = {a: (float(np.mean(MQAR_RUNS.per_seed(a, "test_acc"))),
+                    float(MQAR_RUNS.per_seed(a, "lr")[0])) for a in ("dot", "fbt_reg-none")}  # fmt: skip
+        lead_zoo = zoo["fiber_bundle"]["mean"] - zoo["dot"]["mean"]
+        lead = MQAR_RUNS.paired("fbt_reg-none", "dot", "test_acc")  # paired by seed
+        if lead.low > 0:
+            verdict_text = "so the lead survives choosing each arm's learning rate at the cell."
+        elif lead.high < V.SESOI["test_acc"]:
+            verdict_text = (f"which rules out a lead of {V.SESOI['test_acc']:g}: chapter 9's lead "
+                            "at this cell came with a learning rate chosen elsewhere.")  # fmt: skip
+        else:
+            verdict_text = ("which includes zero: chapter 9's lead at this cell is not reproduced "
+                            "when each arm's learning rate is chosen at the cell itself.")  # fmt: skip
+        viz.markdown(
+            f"Chapter 9's stored long grid has this cell too, each arm's learning rate chosen at "
+            f"its centre cell (width 64, 8 pairs): dot {zoo['dot']['mean']:.3f} (lr "
+            f"{zoo['dot']['lr']:g}), Fiber Bundle {zoo['fiber_bundle']['mean']:.3f} (lr "
+            f"{zoo['fiber_bundle']['lr']:g}), a lead of {lead_zoo:+.3f} ({zoo['dot']['seeds']} "
+            f"seeds). Chosen at this cell, as here, the dot-product model takes lr "
+            f"{here['dot'][1]:g} and reaches {here['dot'][0]:.3f}, the Fiber Bundle model lr "
+            f"{here['fbt_reg-none'][1]:g} and {here['fbt_reg-none'][0]:.3f}: a lead of "
+            f"{lead.format(3, signed=True)} ({len(MQAR_RUNS.seeds)} seeds, paired), {verdict_text}"
+        )  # fmt: skip
 elif MQAR_GRID is not None:
     viz.markdown(f"The MQAR comparison is not complete: {len(MQAR_GRID.records)} of "
                  f"{len(MQAR_GRID.records) + len(MQAR_GRID.missing)} cells are stored "

@@ -164,6 +164,10 @@ def test_a_control_at_the_ceiling_leaves_the_comparison_not_tested_measure_satur
         assert "below the ceiling of 1" in v.reason
     room = V.mqar_matched_verdicts(_mqar_runs(0.999, 0.10, dot_acc=0.97))
     assert all(v.outcome == "supported" for v in room.values())
+    # one control seed at the ceiling is not saturation: the mean has room for the effect
+    runs = _mqar_runs(0.999, 0.10, dot_acc=0.95)
+    runs.df.loc[(runs.df.config == "dot_params") & (runs.df.seed == 0), "test_acc"] = 1.0
+    assert V.mqar_matched_verdicts(runs)["dot_params"].outcome == "supported"
 
 
 def test_the_long_mqar_preset_is_chapter_9s_long_protocol_at_its_hardest_cell() -> None:

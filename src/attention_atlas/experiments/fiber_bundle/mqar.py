@@ -32,6 +32,7 @@ __all__ = [
     "check_mqar_cell",
     "mqar_grid",
     "run_mqar_cell",
+    "stored_zoo_cell",
 ]
 
 #: the cell kind of the MQAR comparison (the char-PTB grid's kinds are ``dot`` and ``fbt``)
@@ -119,6 +120,28 @@ def mqar_grid(
                "selection": {"lrs": [float(x) for x in lrs], "seed": int(select_seed)}}
         for name, (variant, m, t) in arms.items()
     }  # fmt: skip
+
+
+def stored_zoo_cell(width: int, pairs: int, preset: str = "long") -> dict[str, dict[str, Any]]:
+    """Chapter 9's stored MQAR cell ``w<width>-p<pairs>`` of its ``preset`` grid, for the
+    dot-product and Fiber Bundle arms: per variant the learning rate (chapter 9 chooses it at its
+    centre cell) and the test accuracy over seeds (``mean``, ``min``, ``max``, ``seeds``). Empty
+    when that grid or cell is not stored."""
+    from attention_atlas.store.results import load_grid
+
+    try:
+        grid = load_grid("zoo", preset, complete=False, skip_damaged=True)
+    except FileNotFoundError:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for variant in ("dot", "fiber_bundle"):
+        config = f"mqar/{variant}/w{int(width)}-p{int(pairs)}"
+        recs = [r for (c, _), r in grid.records.items() if c == config]
+        accs = [float(r["test_acc"]) for r in recs if r.get("test_acc") is not None]
+        if accs:
+            out[variant] = {"lr": float(recs[0]["lr"]), "mean": sum(accs) / len(accs),
+                            "min": min(accs), "max": max(accs), "seeds": len(accs)}  # fmt: skip
+    return out
 
 
 def _configs(params: dict[str, Any], lr: float, seed: int) -> tuple[Any, Any]:
