@@ -270,6 +270,20 @@ def test_redo_before_reruns_only_records_older_than_it_and_resumes(tmp_path: Pat
         run_sweep(cells, run, tmp_path, log=None, redo_before=datetime(2026, 1, 1))
 
 
+def test_the_table_follows_each_record_so_a_grid_can_be_committed_mid_sweep(
+    tmp_path: Path,
+) -> None:
+    seen: list[int] = []
+
+    def run(params: dict, seed: int) -> dict:
+        csv = tmp_path / "results.csv"
+        seen.append(len(pd.read_csv(csv)) if csv.exists() else 0)
+        return {"value": seed}
+
+    run_sweep([Cell("a", s, {}) for s in range(3)], run, tmp_path, log=None)
+    assert seen == [0, 1, 2]
+
+
 def test_a_record_holds_metrics_params_and_provenance(tmp_path: Path) -> None:
     cell = make_cells(toy.chapter_grid(steps=3, dims=[8]), [5])[0]
     prov = {"command": "python -m attention_atlas sweep toy", "experiment": "toy", "preset": "x"}

@@ -293,6 +293,8 @@ def _drive(
                 _path(root, key).exists() and not done(key)))  # fmt: skip
             locks.release(key)
             n_run += int(written)
+            if written:  # the table follows each record, so a grid may be committed mid-sweep
+                write_csv(root)
             if written and on_record is not None:
                 on_record()
             bar.update(1)
