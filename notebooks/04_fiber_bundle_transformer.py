@@ -319,7 +319,7 @@ viz.markdown(
     + (f" ({', '.join(active)})" if active else "")
     + (f"; a gate measurement is missing on {', '.join(unmeasured)} (cells stored before the "
        f"gate: `{fb.GATE_COMMAND}` measures it on every configuration at the gate grid's scale, "
-       f"and `{fb.long_regate_command(unmeasured)}` at this grid's, resumable across sessions: "
+       f"and `{V.long_regate_command(unmeasured)}` at this grid's, resumable across sessions: "
        f"{rerun_h:.0f} hours of training as they ran here)" if unmeasured else "") + "."
 )  # fmt: skip
 if GATE_RUNS is not None:  # the smoke run: this grid itself

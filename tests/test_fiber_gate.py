@@ -242,7 +242,6 @@ def test_ungated_lists_arms_missing_a_gate_on_a_trained_seed_and_spares_the_rest
     design) and an arm diverged at every seed are not; a diverged seed does not count."""
     import numpy as np
 
-    from attention_atlas.experiments.fiber_bundle import run as R
     from attention_atlas.experiments.fiber_bundle import verdicts as V
 
     runs = _runs({"alpha0": [1e-5, 2e-5, 3e-5], "u0": [1e-4, 2e-4, 1e-4]})
@@ -257,6 +256,6 @@ def test_ungated_lists_arms_missing_a_gate_on_a_trained_seed_and_spares_the_rest
     assert V.ungated(type(runs)(runs.grid, runs.seeds, df2, {}, 2, "cmd")) == []
     df3 = df.assign(diverged_step=np.where(df.config == "fbt", 300.0, np.nan))
     assert V.ungated(type(runs)(runs.grid, runs.seeds, df3, {}, 2, "cmd")) == []
-    line = R.long_regate_command(["fbt", "fbt_rank-8"])
+    line = V.long_regate_command(["fbt", "fbt_rank-8"])
     assert "--preset long" in line and "--only fbt fbt_rank-8" in line
-    assert f"--redo-before {R.GATE_SINCE}" in line and "--no-resume" not in line
+    assert f"--redo-before {V.GATE_SINCE}" in line and "--no-resume" not in line

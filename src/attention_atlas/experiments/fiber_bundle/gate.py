@@ -36,6 +36,7 @@ from .run import GATE_COMMAND, MATCHED_COMMAND
 
 __all__ = [
     "GATES",
+    "GATE_SINCE",
     "GATE_MEASURES",
     "MATCHED",
     "RUNAWAY",
@@ -46,6 +47,7 @@ __all__ = [
     "gate_table",
     "gated",
     "geometry_gate",
+    "long_regate_command",
     "matched_dot_outcome",
     "ungated",
     "matched_dot_verdicts",
@@ -168,6 +170,19 @@ def ungated(runs: Runs) -> list[str]:
         ):
             out.append(name)
     return out
+
+
+#: when the geometry gate arrived (commit 51dac4a): a cell stored before it lacks the gate
+GATE_SINCE = "2026-12-07T18:19:27+00:00"
+
+
+def long_regate_command(configs: Sequence[str]) -> str:
+    """The command that re-runs the ``long`` grid's ``configs`` whose cells were stored before
+    the gate (:data:`GATE_SINCE`), each cell checkpointed so that a stop loses little: run again,
+    the same command resumes where it stopped (``--redo-before`` keeps the cells re-run since)."""
+    return ("python -m attention_atlas sweep fiber-bundle --preset long --seeds 0 1 2 3 4 "
+            f"--only {' '.join(configs)} --redo-before {GATE_SINCE} --checkpoint-every 200 "
+            "--workers 1 --threads 1")  # fmt: skip
 
 
 def gate_reason(runs: Runs, configs: Sequence[str], on: str = "bpc") -> Verdict | None:

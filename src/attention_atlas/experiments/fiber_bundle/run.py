@@ -51,7 +51,6 @@ from .mqar import MQAR_KIND, MQAR_LONG, check_mqar_cell, mqar_grid, run_mqar_cel
 
 __all__ = [
     "EXPERIMENT",
-    "GATE_SINCE",
     "MATCHED_COMMAND",
     "PTB_VOCAB",
     "PRESETS",
@@ -62,7 +61,6 @@ __all__ = [
     "kappa_scale",
     "load_gate_runs",
     "load_runs",
-    "long_regate_command",
     "matched_dot_width",
     "matched_l2_weight",
     "model_config",
@@ -93,19 +91,6 @@ MATCHED_COMMAND = (
     "python -m attention_atlas sweep fiber-bundle --preset matched --seeds 0 1 2 3 4 "
     "--workers 1 --threads 1"
 )
-#: when the geometry gate arrived (commit 51dac4a): a cell stored before it lacks the gate
-GATE_SINCE = "2026-12-07T18:19:27+00:00"
-
-
-def long_regate_command(configs: Sequence[str]) -> str:
-    """The command that re-runs the ``long`` grid's ``configs`` whose cells were stored before
-    the gate (:data:`GATE_SINCE`), each cell checkpointed so that a stop loses little: run again,
-    the same command resumes where it stopped (``--redo-before`` keeps the cells re-run since)."""
-    return ("python -m attention_atlas sweep fiber-bundle --preset long --seeds 0 1 2 3 4 "
-            f"--only {' '.join(configs)} --redo-before {GATE_SINCE} --checkpoint-every 200 "
-            "--workers 1 --threads 1")  # fmt: skip
-
-
 #: the command that runs the ``gate`` preset (the geometry gate and the matched dot controls)
 GATE_COMMAND = (
     "python -m attention_atlas sweep fiber-bundle --preset gate --seeds 0 1 2 3 4 "

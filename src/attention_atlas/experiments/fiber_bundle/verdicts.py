@@ -42,6 +42,7 @@ from attention_atlas.verdicts import (
 from .analysis import Runs
 from .cap import cap_check, cap_outcome, cap_setting
 from .gate import (
+    GATE_SINCE,
     GATES,
     MATCHED,
     RUNAWAY,
@@ -52,6 +53,7 @@ from .gate import (
     gate_table,
     gated,
     geometry_gate,
+    long_regate_command,
     matched_dot_outcome,
     matched_dot_verdicts,
     mqar_matched_outcome,
@@ -62,6 +64,7 @@ from .rule import SESOI, SESOI_REASON, at_scale, diverged_reason, training_scale
 from .run import load_gate_runs, load_runs, timing_for
 
 __all__ = [
+    "GATE_SINCE",
     "GATES",
     "MATCHED",
     "RUNAWAY",
@@ -80,6 +83,7 @@ __all__ = [
     "gate_table",
     "gated",
     "geometry_gate",
+    "long_regate_command",
     "matched_control",
     "matched_dot_outcome",
     "matched_grid",
