@@ -407,6 +407,48 @@ def test_a_killed_runner_leaves_no_record_and_its_cell_is_taken_over(tmp_path: P
     assert not list((out / "cells").glob("*.lock"))
 
 
+@pytest.mark.timeout(300)
+def test_a_killed_runners_pool_workers_stop_with_it(tmp_path: Path) -> None:
+    """SIGKILL to a runner with two local workers: its workers, mid-cell, end within seconds
+    (they would otherwise train on with nowhere to return, writing a cell's checkpoints that
+    the next runner resumes)."""
+    import psutil
+
+    out, marks = tmp_path / "out", tmp_path / "marks"
+    marks.mkdir()
+    code = _RUNNER.format(
+        tests=str(TESTS), ready=str(tmp_path / "ready"), go=str(tmp_path / "ready"), out=str(out)
+    ).replace("log=None,", "log=None, workers=2,")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SWEEP_TEST_MARKS": str(marks),
+           "SWEEP_TEST_SLEEP": "120"}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(sweep_cells.starts(marks)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        workers = {pid for pids in sweep_cells.starts(marks).values() for pid in pids}
+        assert len(workers) == 2 and proc.pid not in workers
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in workers if alive(p)]
+    for p in left:  # do not leave them behind when the check fails
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their runner"
+    assert read_records(out) == []
+
+
 def test_the_command_line_keeps_its_flags_and_records_the_command(tmp_path: Path) -> None:
     out = tmp_path / "toy"
     argv = ["sweep", "toy", "--preset", "smoke", "--seeds", "3", "--out", str(out), "--only", "dim-8",

@@ -10,7 +10,9 @@ running the cell died, so the cell is retried) and ``close(abort)``.
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -146,13 +148,24 @@ class _InProcess:
         pass
 
 
-def _init_pool_worker() -> None:
+def _init_pool_worker(runner: int | None = None) -> None:
     import torch
 
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set in this process
         pass
+    if runner is not None:
+        threading.Thread(target=_exit_when_orphaned, args=(runner,), daemon=True).start()
+
+
+def _exit_when_orphaned(runner: int, every: float = 1.0) -> None:
+    """End this worker once the runner that started it is gone (killed, even by SIGKILL): else
+    it trains on with nowhere to return its cell, and writes checkpoints into the folder of a
+    cell that the next runner resumes, two writers in one folder."""
+    while os.getppid() == runner:
+        time.sleep(every)
+    os._exit(1)
 
 
 class _LocalPool:
@@ -168,8 +181,9 @@ class _LocalPool:
         if self.pool is None:
             ctx = multiprocessing.get_context("spawn")
             self.pool = ProcessPoolExecutor(
-                self.workers, mp_context=ctx, initializer=_init_pool_worker
-            )
+                self.workers, mp_context=ctx, initializer=_init_pool_worker,
+                initargs=(os.getpid(),),
+            )  # fmt: skip
         return self.pool
 
     def capacity(self) -> int:
